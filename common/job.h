@@ -1,0 +1,88 @@
+/* job.ini: the job description (DESIGN §1 contract keys plus slidedp's own), parsed with inih,
+ * overridden by `section.key=value` arguments, validated before anything is created. The parsed
+ * struct is plain data with fixed-size strings so that it can live by value in the ctl region. */
+#ifndef SD_JOB_H
+#define SD_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define JOB_PATH_MAX 1024
+#define JOB_MAX_GPUS 64
+
+enum lr_schedule { SCHED_COSINE = 0, SCHED_LINEAR = 1, SCHED_CONSTANT = 2 };
+enum device_kind { DEVICE_CUDA = 0, DEVICE_CPU = 1 };
+enum export_dtype { EXPORT_BF16 = 0, EXPORT_FP32 = 1 };
+enum param_route { ROUTE_AUTO = 0, PARAMS_REPLICATED = 1, PARAMS_SHARDED = 2 };
+enum grad_route { GRADS_AUTO = 0, GRADS_CPU = 1, GRADS_GPU = 2 };
+enum update_mode { UPDATE_AUTO = 0, UPDATE_AFTER_BACKWARD = 1, UPDATE_DURING_BACKWARD = 2 };
+enum act_policy { ACT_AUTO = 0, ACT_KEEP = 1, ACT_RECOMPUTE = 2, ACT_OFFLOAD = 3 };
+
+struct job_config {
+    char ini_path[JOB_PATH_MAX]; /* absolute path of job.ini; relative paths below are resolved against its folder */
+
+    /* [model] */
+    char model_path[JOB_PATH_MAX]; /* HF directory */
+    bool init_random;              /* init = random | pretrained */
+
+    /* [data] */
+    char data_train[JOB_PATH_MAX]; /* file or glob */
+    char data_val[JOB_PATH_MAX];   /* empty: none */
+    int seq_len;
+    bool shuffle;
+    int val_every;                 /* steps between validation passes; 0 = only at the end */
+    int val_sequences;             /* sequences of the val set per pass; 0 = all */
+
+    /* [train] */
+    int micro_batch;
+    int grad_accum;
+    int steps;
+    double lr;
+    int warmup;
+    enum lr_schedule schedule;
+    double min_lr_ratio;
+    double weight_decay;
+    double beta1, beta2, eps;
+    double grad_clip;
+    uint64_t seed;
+
+    /* [checkpoint] */
+    char ckpt_dir[JOB_PATH_MAX];
+    int ckpt_every;
+    int ckpt_keep;
+    enum export_dtype export_dtype;
+    bool resume_auto;
+
+    /* [runtime] */
+    enum device_kind device;
+    int gpus;
+    int64_t gpu_mem;         /* bytes; 0 = auto */
+    int optim_procs;         /* 0 = auto */
+    int optim_threads;       /* per optimizer process; 0 = auto */
+    int layers_per_chunk;    /* 0 = planner */
+    int chunk_buffers;       /* GPU chunk ring depth; 0 = planner */
+    int grad_slots;          /* host gradient slots per rank; 0 = planner */
+    enum act_policy act_policy;
+    enum param_route param_route;
+    enum grad_route grad_route;
+    enum update_mode update_mode;
+
+    /* [log] */
+    char log_dir[JOB_PATH_MAX];
+    int log_every;
+};
+
+/* Sets every key to its default. */
+void job_config_defaults(struct job_config *job);
+
+/* Parses ini_path, then applies overrides ("section.key=value"), then validates.
+ * Errors name the file, line, key and the accepted values. Nothing is created. */
+int job_config_load(const char *ini_path, int num_overrides, char **overrides, struct job_config *job);
+
+/* LR for update s (from 1), DESIGN §2. */
+double job_lr_at(const struct job_config *job, int step);
+
+/* Resolves a path from job.ini relative to the ini file's folder into out (JOB_PATH_MAX). */
+void job_resolve_path(const struct job_config *job, const char *path, char *out);
+
+#endif

@@ -1,0 +1,176 @@
+/* Implementation of the test helpers (see testutil.h). */
+#include "testutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char tmp_paths[8][1024];
+
+void tu_rmrf(const char *path)
+{
+    char cmd[2200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "warning: could not remove %s\n", path);
+}
+
+const char *tu_tmpdir(int slot, const char *tag)
+{
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base)
+        base = "/tmp";
+    snprintf(tmp_paths[slot], sizeof tmp_paths[slot], "%s/sdtest-%s-%d", base, tag, (int)getpid());
+    tu_rmrf(tmp_paths[slot]);
+    if (mkdir(tmp_paths[slot], 0700) != 0)
+        fail_msg("mkdir %s: %s", tmp_paths[slot], strerror(errno));
+    return tmp_paths[slot];
+}
+
+void tu_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        fail_msg("cannot write %s: %s", path, strerror(errno));
+    fputs(text, f);
+    fclose(f);
+}
+
+char *tu_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    fclose(f);
+    if (len)
+        *len = (size_t)n;
+    return buf;
+}
+
+bool tu_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static char bin_paths[8][1024];
+static int bin_slot;
+
+const char *tu_bin(const char *rel)
+{
+    const char *b = getenv("SD_BUILD");
+    char *p = bin_paths[bin_slot++ % 8];
+    snprintf(p, 1024, "%s/%s", b ? b : "build", rel);
+    return p;
+}
+
+const char *tu_src(const char *rel)
+{
+    const char *s = getenv("SD_SOURCE");
+    char *p = bin_paths[bin_slot++ % 8];
+    snprintf(p, 1024, "%s/%s", s ? s : ".", rel);
+    return p;
+}
+
+static int wait_status(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    return 128 + WTERMSIG(st);
+}
+
+static char *drain(int fd)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 1024 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t n = read(fd, buf + len, cap - len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = 0;
+    return buf;
+}
+
+int tu_run(char **argv, char **out)
+{
+    int pfd[2];
+    if (pipe(pfd) != 0)
+        fail_msg("pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        close(pfd[1]);
+        execv(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(pfd[1]);
+    char *text = drain(pfd[0]);
+    close(pfd[0]);
+    int rc = wait_status(pid);
+    if (out)
+        *out = text;
+    else
+        free(text);
+    return rc;
+}
+
+int tu_sh(char **out, const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    return tu_run(argv, out);
+}
+
+uint64_t tu_seed(const char *test, uint64_t seed)
+{
+    printf("# %s: seed %llu\n", test, (unsigned long long)seed);
+    return seed;
+}
+
+float tu_uniform(uint64_t *state)
+{
+    /* splitmix64 */
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((z >> 40) * (1.0 / 16777216.0));
+}
+
+void tu_fill_uniform(float *x, size_t n, uint64_t *state, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * tu_uniform(state);
+}

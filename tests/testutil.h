@@ -1,0 +1,39 @@
+/* Helpers shared by the tests: temporary directories, files, running the slidedp binaries, and
+ * fixed, printed seeds. Include after <cmocka.h>'s prerequisites. */
+#ifndef SD_TESTUTIL_H
+#define SD_TESTUTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <cmocka.h>
+
+/* Creates a fresh directory under $TMPDIR (or /tmp) named after tag; returns a static path that
+ * stays valid until the next call with the same slot (slots 0..7). */
+const char *tu_tmpdir(int slot, const char *tag);
+void tu_rmrf(const char *path);
+void tu_write_file(const char *path, const char *text);
+/* Reads a whole file (NUL-terminated, caller frees); NULL if missing. */
+char *tu_read_file(const char *path, size_t *len);
+bool tu_exists(const char *path);
+
+/* Path of a built binary (e.g. "launcher/slidedp-launch") under $SD_BUILD; static buffer slot. */
+const char *tu_bin(const char *rel);
+/* Path under $SD_SOURCE. */
+const char *tu_src(const char *rel);
+
+/* Runs argv (NULL-terminated) with output captured into *out (caller frees; may be NULL) and
+ * returns the exit status (128+signal when killed). */
+int tu_run(char **argv, char **out);
+/* printf-style shell command through /bin/sh -c, output captured. */
+int tu_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A fixed seed, printed once per test so failures can be reproduced. */
+uint64_t tu_seed(const char *test, uint64_t seed);
+/* Deterministic uniform floats in [lo, hi) from a simple 64-bit generator. */
+void tu_fill_uniform(float *x, size_t n, uint64_t *state, float lo, float hi);
+float tu_uniform(uint64_t *state);
+
+#endif
