@@ -18,13 +18,18 @@ int sd_err(const char *fmt, ...)
 
 int sd_err_prefix(const char *fmt, ...)
 {
-    char prefix[512], old[sizeof err_message];
+    char joined[2 * sizeof err_message];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    int n = vsnprintf(joined, sizeof err_message, fmt, ap);
     va_end(ap);
-    memcpy(old, err_message, sizeof old);
-    snprintf(err_message, sizeof err_message, "%s: %s", prefix, old);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof err_message)
+        n = sizeof err_message - 1;
+    snprintf(joined + n, sizeof joined - (size_t)n, ": %s", err_message);
+    memcpy(err_message, joined, sizeof err_message - 1);
+    err_message[sizeof err_message - 1] = 0;
     return -1;
 }
 

@@ -83,6 +83,6 @@ int job_config_load(const char *ini_path, int num_overrides, char **overrides, s
 double job_lr_at(const struct job_config *job, int step);
 
 /* Resolves a path from job.ini relative to the ini file's folder into out (JOB_PATH_MAX). */
-void job_resolve_path(const struct job_config *job, const char *path, char *out);
+int job_resolve_path(const struct job_config *job, const char *path, char *out);
 
 #endif

@@ -1,0 +1,30 @@
+/* The execution plan of a job: how the parameter space is chunked and streamed, where
+ * activations live, which routes parameters and gradients take, and how the optimizer work is
+ * spread. Chosen by the planner (planner/), stored by value in the ctl region, obeyed by every
+ * process. */
+#ifndef SD_PLAN_H
+#define SD_PLAN_H
+
+#include <stdint.h>
+
+#define PLAN_MAX_LAYERS 1024
+
+struct plan {
+    int layers_per_chunk;
+    int chunk_buffers;      /* device chunk ring depth per worker */
+    int grad_slots;         /* host gradient slots per rank */
+    int optim_procs;
+    int optim_threads;      /* per optimizer process */
+    int update_mode;        /* enum update_mode (job.h), never AUTO here */
+    int param_route;        /* enum param_route, never AUTO here */
+    int grad_route;         /* enum grad_route, never AUTO here */
+    int logits_rows;        /* rows per cross-entropy chunk */
+    uint8_t keep_acts[PLAN_MAX_LAYERS]; /* per layer: 1 keep, 0 recompute from the layer input */
+    /* predictions (seconds per step, bytes) */
+    double predicted_step_s;
+    double predicted_compute_s, predicted_h2d_s, predicted_d2h_s, predicted_optim_s;
+    int64_t gpu_bytes;      /* per GPU */
+    int64_t host_bytes;     /* shared state + staging */
+};
+
+#endif

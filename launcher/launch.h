@@ -1,0 +1,46 @@
+/* slidedp-launch internals: the job's shared state (creation, initial weights, teardown), the
+ * export of the parameter space as an HF directory, and the supervisor loop. */
+#ifndef SD_LAUNCH_H
+#define SD_LAUNCH_H
+
+#include <stdbool.h>
+
+#include "common/job.h"
+#include "common/layout.h"
+#include "common/model_config.h"
+#include "common/plan.h"
+#include "shm/ctl.h"
+#include "shm/region.h"
+
+struct job_state {
+    struct job_config job;
+    struct model_config cfg;
+    struct layout lay;
+    struct plan plan;
+    char job_name[32];
+    char config_json[JOB_PATH_MAX + 16];
+    struct shm_region ctl_region, params16_region, master_region, grads_region;
+    struct job_shm shm; /* views into the regions above */
+    bool created;       /* the shm objects exist and are ours to remove */
+};
+
+/* Validates the job (model config, data, plan, host memory) and creates and initialises the shared
+ * state: weights loaded or drawn, Adam moments zero, versions 0. On failure nothing is left. */
+int state_create(struct job_state *st);
+/* Unmaps and removes the job's shm objects. */
+void state_destroy(struct job_state *st);
+
+/* Writes <dir> as an HF model directory from the master weights (via a temp dir + rename). */
+int state_export(const struct job_state *st, const char *dir);
+
+struct launch_opts {
+    const char *ini_path;
+    int num_overrides;
+    char **overrides;
+};
+
+/* Runs a job to completion; returns the process exit code (0 done, 1 failed, 2 bad input,
+ * 130 stopped by a signal). */
+int launch_run(const struct launch_opts *opts);
+
+#endif

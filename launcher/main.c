@@ -1,0 +1,83 @@
+/* slidedp-launch: runs a job from job.ini. See README.md for the options and exit codes. */
+#include <stdio.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/job.h"
+#include "launcher/launch.h"
+#include "shm/ctl.h"
+#include "shm/region.h"
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: slidedp-launch [--gpus N] [--device cuda|cpu] [--clean] job.ini [section.key=value ...]\n");
+    return 2;
+}
+
+/* Removes the shm objects a dead job left behind (refuses while its launcher runs). */
+static int clean_job(const char *ini, int n, char **overrides)
+{
+    struct job_config job;
+    if (job_config_load(ini, n, overrides, &job) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return 2;
+    }
+    char name[32], obj[REGION_NAME_MAX];
+    ctl_job_name(job.log_dir, name, sizeof name);
+    struct job_shm shm;
+    if (job_shm_attach(&shm, name, JOB_MAP_CTL, true) == 0) {
+        int pid = atomic_load(&shm.ctl->launcher_pid);
+        job_shm_detach(&shm);
+        if (pid > 0 && kill(pid, 0) == 0) {
+            fprintf(stderr, "slidedp-launch: job %s is running under pid %d; not removing its state\n", name, pid);
+            return 2;
+        }
+    }
+    const char *what[] = {"ctl", "params16", "master", "grads"};
+    for (int i = 0; i < 4; i++) {
+        ctl_region_name(name, what[i], obj, sizeof obj);
+        shm_region_unlink(obj);
+    }
+    printf("removed the shared state of job %s\n", name);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static char gpus_override[64], device_override[64];
+    char **overrides = calloc((size_t)argc + 2, sizeof *overrides);
+    int num_overrides = 0;
+    const char *ini = NULL;
+    int clean = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--gpus") && i + 1 < argc) {
+            snprintf(gpus_override, sizeof gpus_override, "runtime.gpus=%s", argv[++i]);
+            overrides[num_overrides++] = gpus_override;
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            snprintf(device_override, sizeof device_override, "runtime.device=%s", argv[++i]);
+            overrides[num_overrides++] = device_override;
+        } else if (!strcmp(argv[i], "--clean")) {
+            clean = 1;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            return usage();
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "slidedp-launch: unknown option %s\n", argv[i]);
+            return usage();
+        } else if (!ini) {
+            ini = argv[i];
+        } else if (strchr(argv[i], '=')) {
+            overrides[num_overrides++] = argv[i];
+        } else {
+            fprintf(stderr, "slidedp-launch: unexpected argument '%s' (overrides look like section.key=value)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!ini)
+        return usage();
+    if (clean)
+        return clean_job(ini, num_overrides, overrides);
+    struct launch_opts opts = {.ini_path = ini, .num_overrides = num_overrides, .overrides = overrides};
+    return launch_run(&opts);
+}

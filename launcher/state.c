@@ -1,0 +1,353 @@
+/* Creation, initialisation, export and removal of a job's shared state (see launch.h). */
+#include "launch.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "common/bf16.h"
+#include "common/data.h"
+#include "common/err.h"
+#include "common/fsutil.h"
+#include "common/hf.h"
+#include "planner/plan.h"
+#include "shm/futex.h"
+
+#define INIT_BLOCK ((int64_t)1 << 20) /* elements per independently seeded block of random init */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* Work items for the parallel initialisation: (tensor, block) pairs. */
+struct init_ctx {
+    const struct job_state *st;
+    float *master;
+    uint16_t *params16;
+    bool random;
+    int64_t num_items;
+    int64_t *item_tensor, *item_block;
+    _Atomic int64_t next;
+};
+
+static void init_block(struct init_ctx *ctx, int t, int64_t block)
+{
+    const struct tensor_desc *td = &ctx->st->lay.tensors[t];
+    int64_t begin = block * INIT_BLOCK, end = begin + INIT_BLOCK < td->numel ? begin + INIT_BLOCK : td->numel;
+    float *p = ctx->master + td->offset;
+    if (ctx->random) {
+        if (td->ndim >= 2) {
+            /* HF _init_weights: normal(0, initializer_range) for linear weights and embeddings */
+            uint64_t s = ctx->st->job.seed ^ hash_str(td->name) ^ (uint64_t)block * 0x632be59bd9b4e019ull;
+            double stddev = ctx->st->cfg.initializer_range;
+            for (int64_t i = begin; i < end; i += 2) {
+                double u1 = ((double)(splitmix64(&s) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+                double u2 = (double)(splitmix64(&s) >> 11) * (1.0 / 9007199254740992.0);
+                double r = sqrt(-2.0 * log(u1)) * stddev;
+                p[i] = (float)(r * cos(2.0 * M_PI * u2));
+                if (i + 1 < end)
+                    p[i + 1] = (float)(r * sin(2.0 * M_PI * u2));
+            }
+        } else {
+            float v = td->kind == TENSOR_Q_BIAS || td->kind == TENSOR_K_BIAS || td->kind == TENSOR_V_BIAS ? 0.0f : 1.0f;
+            for (int64_t i = begin; i < end; i++)
+                p[i] = v;
+        }
+    }
+    uint16_t *q = ctx->params16 + td->offset;
+    for (int64_t i = begin; i < end; i++)
+        q[i] = f32_to_bf16(p[i]);
+}
+
+static void *init_thread(void *arg)
+{
+    struct init_ctx *ctx = arg;
+    for (;;) {
+        int64_t i = atomic_fetch_add(&ctx->next, 1);
+        if (i >= ctx->num_items)
+            return NULL;
+        init_block(ctx, (int)ctx->item_tensor[i], ctx->item_block[i]);
+    }
+}
+
+/* Draws (random init) or converts (loaded) the master weights and writes the bf16 copy. */
+static int init_weights(struct job_state *st, bool random)
+{
+    struct init_ctx ctx = {.st = st, .master = st->shm.master, .params16 = st->shm.params16, .random = random};
+    int64_t n = 0;
+    for (int t = 0; t < st->lay.num_tensors; t++)
+        n += (st->lay.tensors[t].numel + INIT_BLOCK - 1) / INIT_BLOCK;
+    ctx.item_tensor = malloc(sizeof(int64_t) * (size_t)n);
+    ctx.item_block = malloc(sizeof(int64_t) * (size_t)n);
+    if (!ctx.item_tensor || !ctx.item_block) {
+        free(ctx.item_tensor);
+        free(ctx.item_block);
+        return sd_err("out of memory");
+    }
+    for (int t = 0; t < st->lay.num_tensors; t++)
+        for (int64_t b = 0; b * INIT_BLOCK < st->lay.tensors[t].numel; b++) {
+            ctx.item_tensor[ctx.num_items] = t;
+            ctx.item_block[ctx.num_items++] = b;
+        }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nthreads = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu;
+    pthread_t threads[64];
+    for (int i = 0; i < nthreads; i++)
+        pthread_create(&threads[i], NULL, init_thread, &ctx);
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(threads[i], NULL);
+    free(ctx.item_tensor);
+    free(ctx.item_block);
+    return 0;
+}
+
+static int64_t meminfo_bytes(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int64_t kb = -1;
+    size_t klen = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, klen) && line[klen] == ':') {
+            kb = strtoll(line + klen + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+static int check_host_memory(uint64_t need)
+{
+    struct statvfs vfs;
+    double gib = 1024.0 * 1024 * 1024;
+    if (statvfs("/dev/shm", &vfs) == 0) {
+        uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+        if (need > avail)
+            return sd_err("not enough shared memory: the job needs %.2f GiB in /dev/shm, %.2f GiB is free (enlarge "
+                          "it: mount -o remount,size=... /dev/shm)",
+                          need / gib, avail / gib);
+    }
+    int64_t mem = meminfo_bytes("MemAvailable");
+    if (mem > 0 && need > (uint64_t)mem)
+        return sd_err("not enough host memory: the job needs %.2f GiB, %.2f GiB is available", need / gib, mem / gib);
+    return 0;
+}
+
+/* Refuses to touch the objects of a job that is running, or that a dead launcher left behind. */
+static int check_no_existing_state(const struct job_state *st)
+{
+    char name[REGION_NAME_MAX];
+    ctl_region_name(st->job_name, "ctl", name, sizeof name);
+    if (!shm_region_exists(name))
+        return 0;
+    struct shm_region r;
+    int pid = 0;
+    if (shm_region_attach(&r, name, false) == 0) {
+        const struct ctl_header *h = r.base;
+        if (r.size >= sizeof *h && h->magic == CTL_MAGIC)
+            pid = atomic_load(&((struct ctl_header *)h)->launcher_pid);
+        shm_region_detach(&r);
+    }
+    if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM))
+        return sd_err("job %s (log.dir %s) is already running under launcher pid %d", st->job_name, st->job.log_dir,
+                      pid);
+    return sd_err("stale shared memory of a dead job is in /dev/shm/slidedp.%s.* (log.dir %s, launcher pid %d "
+                  "gone); remove it with: slidedp-launch --clean %s",
+                  st->job_name, st->job.log_dir, pid, st->job.ini_path);
+}
+
+static int create_regions(struct job_state *st, const struct ctl_sizes *sz)
+{
+    char name[REGION_NAME_MAX];
+    struct {
+        const char *what;
+        struct shm_region *r;
+        uint64_t size;
+    } objs[4] = {
+        {"ctl", &st->ctl_region, sz->ctl_bytes},
+        {"params16", &st->params16_region, sz->params16_bytes},
+        {"master", &st->master_region, sz->master_bytes},
+        {"grads", &st->grads_region, sz->grads_bytes},
+    };
+    for (int i = 0; i < 4; i++) {
+        ctl_region_name(st->job_name, objs[i].what, name, sizeof name);
+        if (shm_region_create(objs[i].r, name, objs[i].size) != 0) {
+            for (int j = 0; j < i; j++) {
+                shm_region_detach(objs[j].r);
+                shm_region_unlink(objs[j].r->name);
+            }
+            return -1;
+        }
+    }
+    st->created = true;
+    return 0;
+}
+
+static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
+{
+    struct ctl_header *h = st->ctl_region.base;
+    memset(h, 0, sizeof *h);
+    h->magic = CTL_MAGIC;
+    h->version = CTL_VERSION;
+    h->header_size = sizeof *h;
+    snprintf(h->job_name, sizeof h->job_name, "%s", st->job_name);
+    h->job = st->job;
+    h->model = st->cfg;
+    h->plan = st->plan;
+    h->gpus = st->job.gpus;
+    h->optim_procs = st->plan.optim_procs;
+    h->grad_slots = st->plan.grad_slots;
+    h->num_tensors = st->lay.num_tensors;
+    h->num_chunks = st->lay.num_chunks;
+    h->first_step = 1;
+    h->total_numel = st->lay.total_numel;
+    h->max_chunk_numel = st->lay.max_chunk_numel;
+    h->num_params = st->lay.num_params;
+    h->params16_bytes = sz->params16_bytes;
+    h->master_bytes = sz->master_bytes;
+    h->grads_bytes = sz->grads_bytes;
+    h->off_tensors = sz->off_tensors;
+    h->off_chunks = sz->off_chunks;
+    h->off_chunk_state = sz->off_chunk_state;
+    h->off_rings = sz->off_rings;
+    h->off_slots = sz->off_slots;
+    h->off_doorbells = sz->off_doorbells;
+    h->off_procs = sz->off_procs;
+    h->off_steps = sz->off_steps;
+    h->size = sz->ctl_bytes;
+    h->created_ns = clock_ns();
+    atomic_store(&h->launcher_pid, (int32_t)getpid());
+    atomic_store(&h->generation, 1);
+    memcpy(ctl_tensors(h), st->lay.tensors, sizeof(struct tensor_desc) * (size_t)st->lay.num_tensors);
+    memcpy(ctl_chunks(h), st->lay.chunks, sizeof(struct chunk_desc) * (size_t)st->lay.num_chunks);
+    int *owner = malloc(sizeof(int) * (size_t)st->lay.num_chunks);
+    SD_ASSERT(owner);
+    plan_assign_owners(&st->lay, st->plan.optim_procs, owner);
+    for (int c = 0; c < st->lay.num_chunks; c++)
+        ctl_chunk_state(h, c)->owner = owner[c];
+    free(owner);
+    for (int r = 0; r < h->gpus; r++)
+        for (int k = 0; k < h->optim_procs; k++)
+            ring_init(ctl_ring(h, r, k));
+    for (int i = 0; i < h->gpus + h->optim_procs; i++)
+        atomic_store(&((struct proc_slot *)((char *)h + h->off_procs))[i].generation, 1);
+    for (uint32_t s = 1; s <= CTL_STEP_RECORDS; s++)
+        atomic_store(&ctl_step(h, s)->step, s);
+}
+
+static void map_views(struct job_state *st)
+{
+    size_t n = (size_t)st->lay.total_numel;
+    st->shm.ctl = st->ctl_region.base;
+    st->shm.params16 = st->params16_region.base;
+    st->shm.master = st->master_region.base;
+    st->shm.exp_avg = st->shm.master + n;
+    st->shm.exp_avg_sq = st->shm.master + 2 * n;
+    st->shm.grad_acc = st->shm.master + 3 * n;
+    st->shm.grads = st->grads_region.base;
+}
+
+int state_create(struct job_state *st)
+{
+    struct job_config *job = &st->job;
+    snprintf(st->config_json, sizeof st->config_json, "%s/config.json", job->model_path);
+    if (model_config_load(st->config_json, &st->cfg) != 0)
+        return -1;
+    struct data_set data;
+    if (data_open(job->data_train, job->seq_len, st->cfg.vocab_size, job->shuffle, job->seed, &data) != 0)
+        return sd_err_prefix("[data] train");
+    data_close(&data);
+    if (job->data_val[0]) {
+        if (data_open(job->data_val, job->seq_len, st->cfg.vocab_size, false, job->seed, &data) != 0)
+            return sd_err_prefix("[data] val");
+        data_close(&data);
+    }
+    if (plan_make(job, &st->cfg, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
+        return -1;
+    if (layout_build(&st->cfg, st->plan.layers_per_chunk, &st->lay) != 0)
+        return -1;
+    struct hf_weights weights = {0};
+    if (!job->init_random && hf_weights_open(job->model_path, &weights) != 0)
+        return -1;
+    struct ctl_sizes sz;
+    int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.grad_slots, st->lay.num_tensors,
+                               st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel, &sz);
+    ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
+    if (rc == 0)
+        rc = check_host_memory(sz.ctl_bytes + sz.params16_bytes + sz.master_bytes + sz.grads_bytes);
+    if (rc == 0)
+        rc = check_no_existing_state(st);
+    if (rc == 0)
+        rc = create_regions(st, &sz);
+    if (rc != 0) {
+        hf_weights_close(&weights);
+        return -1;
+    }
+    map_views(st);
+    fill_ctl(st, &sz);
+    if (!job->init_random && hf_weights_load(&weights, &st->lay, st->shm.master) != 0) {
+        hf_weights_close(&weights);
+        state_destroy(st);
+        return -1;
+    }
+    hf_weights_close(&weights);
+    return init_weights(st, job->init_random);
+}
+
+void state_destroy(struct job_state *st)
+{
+    struct shm_region *regs[4] = {&st->ctl_region, &st->params16_region, &st->master_region, &st->grads_region};
+    for (int i = 0; i < 4; i++) {
+        shm_region_detach(regs[i]);
+        if (st->created && regs[i]->name[0])
+            shm_region_unlink(regs[i]->name);
+    }
+    st->created = false;
+    layout_free(&st->lay);
+}
+
+int state_export(const struct job_state *st, const char *dir)
+{
+    char tmp[JOB_PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", dir, (int)getpid());
+    if (fs_rm_rf(tmp) != 0)
+        return -1;
+    char parent[JOB_PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) {
+        *slash = 0;
+        if (fs_mkdir_p(parent, 0755) != 0)
+            return -1;
+    }
+    enum hf_export_dtype dt = st->job.export_dtype == EXPORT_FP32 ? HF_EXPORT_FP32 : HF_EXPORT_BF16;
+    if (hf_export(tmp, st->config_json, &st->cfg, &st->lay, st->shm.master, dt, (size_t)5 << 30) != 0) {
+        fs_rm_rf(tmp);
+        return -1;
+    }
+    if (fs_publish_dir(tmp, dir) != 0) {
+        fs_rm_rf(tmp);
+        return -1;
+    }
+    return 0;
+}

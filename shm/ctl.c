@@ -1,0 +1,129 @@
+/* ctl region sizing, shm object naming, and attaching to a job's objects (see ctl.h). */
+#include "ctl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "shm/region.h"
+
+static bool add_ok(uint64_t *acc, uint64_t x)
+{
+    return !__builtin_add_overflow(*acc, x, acc);
+}
+
+static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+static uint64_t align64(uint64_t x)
+{
+    return (x + 63) & ~(uint64_t)63;
+}
+
+/* Appends an array of n elements of size sz at the (64-byte aligned) cursor. */
+static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
+{
+    uint64_t bytes;
+    *cursor = align64(*cursor);
+    *off = *cursor;
+    return mul_ok(n, sz, &bytes) && add_ok(cursor, bytes);
+}
+
+int ctl_compute_sizes(int gpus, int optim_procs, int grad_slots, int num_tensors, int num_chunks, int64_t total_numel,
+                      int64_t max_chunk_numel, struct ctl_sizes *out)
+{
+    memset(out, 0, sizeof *out);
+    if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || grad_slots < 1 || grad_slots >= RING_CAP)
+        return sd_err("bad job shape: gpus=%d optim_procs=%d grad_slots=%d", gpus, optim_procs, grad_slots);
+    uint64_t c = sizeof(struct ctl_header);
+    bool ok = place(&c, &out->off_tensors, (uint64_t)num_tensors, sizeof(struct tensor_desc)) &&
+              place(&c, &out->off_chunks, (uint64_t)num_chunks, sizeof(struct chunk_desc)) &&
+              place(&c, &out->off_chunk_state, (uint64_t)num_chunks, sizeof(struct chunk_state)) &&
+              place(&c, &out->off_rings, (uint64_t)gpus * (uint64_t)optim_procs, sizeof(struct ring)) &&
+              place(&c, &out->off_slots, (uint64_t)gpus * (uint64_t)grad_slots, sizeof(struct slot_state)) &&
+              place(&c, &out->off_doorbells, (uint64_t)optim_procs, sizeof(struct doorbell)) &&
+              place(&c, &out->off_procs, (uint64_t)(gpus + optim_procs), sizeof(struct proc_slot)) &&
+              place(&c, &out->off_steps, CTL_STEP_RECORDS, sizeof(struct step_record));
+    out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
+    uint64_t grads_elems;
+    ok = ok && mul_ok((uint64_t)total_numel, 2, &out->params16_bytes) &&
+         mul_ok((uint64_t)total_numel, 16, &out->master_bytes) &&
+         mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems) &&
+         mul_ok(grads_elems, 4, &out->grads_bytes);
+    if (!ok)
+        return sd_err("job state size overflows");
+    return 0;
+}
+
+void ctl_region_name(const char *job_name, const char *what, char *out, size_t len)
+{
+    snprintf(out, len, "/slidedp.%s.%s", job_name, what);
+}
+
+void ctl_job_name(const char *log_dir, char *out, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
+    for (const unsigned char *p = (const unsigned char *)log_dir; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    snprintf(out, len, "%012llx", (unsigned long long)(h & 0xffffffffffffull));
+}
+
+int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only)
+{
+    memset(s, 0, sizeof *s);
+    struct shm_region *regs = calloc(4, sizeof *regs);
+    if (!regs)
+        return sd_err("out of memory");
+    for (int i = 0; i < 4; i++)
+        s->regions[i] = &regs[i];
+    char name[REGION_NAME_MAX];
+    ctl_region_name(job_name, "ctl", name, sizeof name);
+    if (shm_region_attach(&regs[0], name, !ctl_read_only) != 0)
+        goto fail;
+    s->ctl = regs[0].base;
+    if (regs[0].size < sizeof(struct ctl_header) || s->ctl->magic != CTL_MAGIC || s->ctl->version != CTL_VERSION ||
+        s->ctl->size > regs[0].size) {
+        sd_err("%s is not a slidedp ctl region of version %d", name, CTL_VERSION);
+        goto fail;
+    }
+    if (what & (JOB_MAP_PARAMS_RO | JOB_MAP_PARAMS_RW)) {
+        ctl_region_name(job_name, "params16", name, sizeof name);
+        if (shm_region_attach(&regs[1], name, (what & JOB_MAP_PARAMS_RW) != 0) != 0)
+            goto fail;
+        s->params16 = regs[1].base;
+    }
+    if (what & JOB_MAP_MASTER) {
+        ctl_region_name(job_name, "master", name, sizeof name);
+        if (shm_region_attach(&regs[2], name, true) != 0)
+            goto fail;
+        size_t n = (size_t)s->ctl->total_numel;
+        s->master = regs[2].base;
+        s->exp_avg = s->master + n;
+        s->exp_avg_sq = s->master + 2 * n;
+        s->grad_acc = s->master + 3 * n;
+    }
+    if (what & JOB_MAP_GRADS) {
+        ctl_region_name(job_name, "grads", name, sizeof name);
+        if (shm_region_attach(&regs[3], name, true) != 0)
+            goto fail;
+        s->grads = regs[3].base;
+    }
+    return 0;
+fail:
+    job_shm_detach(s);
+    return -1;
+}
+
+void job_shm_detach(struct job_shm *s)
+{
+    if (s->regions[0]) {
+        struct shm_region *regs = s->regions[0];
+        for (int i = 0; i < 4; i++)
+            shm_region_detach(&regs[i]);
+        free(regs);
+    }
+    memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,84 @@
+/* Shared-memory region create/attach/unlink (see region.h). */
+#include "region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/err.h"
+
+int shm_region_create(struct shm_region *r, const char *name, size_t size)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return sd_err("cannot create shared memory %s: %s", name, strerror(errno));
+    int rc = posix_fallocate(fd, 0, (off_t)size);
+    if (rc != 0) {
+        close(fd);
+        shm_unlink(name);
+        return sd_err("cannot allocate %.2f GiB of shared memory for %s: %s (is /dev/shm large enough?)",
+                      (double)size / (1 << 30), name, strerror(rc));
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        shm_unlink(name);
+        return sd_err("cannot map shared memory %s: %s", name, strerror(errno));
+    }
+    r->base = p;
+    r->size = size;
+    r->writable = true;
+    return 0;
+}
+
+int shm_region_attach(struct shm_region *r, const char *name, bool writable)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    int fd = shm_open(name, writable ? O_RDWR : O_RDONLY, 0);
+    if (fd < 0)
+        return sd_err("cannot open shared memory %s: %s", name, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+        close(fd);
+        return sd_err("shared memory %s is empty", name);
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return sd_err("cannot map shared memory %s: %s", name, strerror(errno));
+    r->base = p;
+    r->size = (size_t)st.st_size;
+    r->writable = writable;
+    return 0;
+}
+
+void shm_region_detach(struct shm_region *r)
+{
+    if (r->base)
+        munmap(r->base, r->size);
+    r->base = NULL;
+    r->size = 0;
+}
+
+int shm_region_unlink(const char *name)
+{
+    if (shm_unlink(name) != 0 && errno != ENOENT)
+        return sd_err("cannot remove shared memory %s: %s", name, strerror(errno));
+    return 0;
+}
+
+bool shm_region_exists(const char *name)
+{
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd < 0)
+        return errno != ENOENT;
+    close(fd);
+    return true;
+}

@@ -1,0 +1,43 @@
+/* Single-producer single-consumer rings of chunk descriptors in shared memory, one per
+ * (producer, consumer) pair: free-running 32-bit indices masked on access, producer and consumer
+ * indices on separate cache lines, elements passed by value. A dead peer wedges only its own
+ * rings; the launcher resets them after quiescing both sides. */
+#ifndef SD_RING_H
+#define SD_RING_H
+
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define RING_CAP 256 /* power of two; must exceed the gradient slots a rank can fill */
+
+enum desc_kind { DESC_GRAD = 1 };
+
+/* A chunk's gradient for one micro-batch, waiting in a host gradient slot. */
+struct chunk_desc_msg {
+    uint32_t chunk;
+    uint32_t step;
+    uint32_t micro;      /* global micro-batch index a*G + r within the step */
+    uint16_t rank;
+    uint16_t slot;
+    uint32_t generation; /* the producer's generation; stale ones are fenced out */
+    uint32_t kind;       /* enum desc_kind */
+    uint64_t bytes;
+};
+
+struct ring {
+    alignas(64) _Atomic uint32_t head; /* next index the producer writes; written by the producer */
+    alignas(64) _Atomic uint32_t tail; /* next index the consumer reads; written by the consumer */
+    alignas(64) struct chunk_desc_msg elems[RING_CAP];
+};
+
+void ring_init(struct ring *r);
+/* Producer side. False when full. */
+bool ring_push(struct ring *r, const struct chunk_desc_msg *m);
+/* Consumer side: copy of the oldest element without consuming it; false when empty. */
+bool ring_peek(struct ring *r, struct chunk_desc_msg *m);
+void ring_pop(struct ring *r);
+uint32_t ring_count(struct ring *r);
+
+#endif

@@ -1,0 +1,443 @@
+/* The worker process's step loop and its streaming model_io (see pipeline.h). One chunk cache of
+ * device buffers holds (chunk, version) pairs, so when the plan gives enough buffers the weights
+ * stay resident across micro-steps and each step streams every chunk once. */
+#include "pipeline.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/data.h"
+#include "common/err.h"
+#include "shm/futex.h"
+#include "worker/model.h"
+
+#define WAIT_SLICE_MS 100
+
+struct cache_entry {
+    void *dev;
+    int chunk;         /* -1 when empty */
+    uint32_t version;
+    bool held;
+    uint64_t last_use;
+};
+
+struct worker {
+    struct job_shm shm;
+    struct ctl_header *ctl;
+    struct proc_slot *slot;
+    struct backend be;
+    struct model model;
+    int rank, G, A, mb, T;
+    uint32_t generation;
+
+    struct cache_entry *cache;
+    int cache_size;
+    uint64_t use_clock;
+    uint32_t need_version; /* the params version the current pass reads */
+
+    int next_grad_slot;
+    uint32_t step, micro;  /* descriptor fields of the current micro-batch */
+    bool last_micro;
+    double loss_sum;       /* this rank's masked loss sum over the step */
+    const uint8_t *row_mask_cur;
+
+    struct data_set train, val;
+    bool have_val;
+    int32_t *tokens, *targets, *correct;
+    float *row_scale, *loss_rows;
+    uint8_t *mask;
+    int32_t *seq_buf;
+};
+
+static bool stop_now(struct worker *w)
+{
+    return atomic_load(&w->ctl->stop) >= 2 || atomic_load(&w->ctl->generation) != w->generation ||
+           getppid() == 1;
+}
+
+static void set_phase(struct worker *w, int phase)
+{
+    atomic_store_explicit(&w->slot->phase, (uint32_t)phase, memory_order_relaxed);
+    atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
+}
+
+/* Exits the process when the job is being torn down while we wait; nothing we hold needs saving:
+ * the launcher repairs rings and slots of dead or departed workers. */
+static void bail_if_stopped(struct worker *w)
+{
+    if (stop_now(w)) {
+        fprintf(stderr, "worker %d: stopping (job stopped or generation changed)\n", w->rank);
+        _exit(0);
+    }
+}
+
+static void wait_version(struct worker *w, int c)
+{
+    struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
+    uint64_t t0 = clock_ns();
+    for (;;) {
+        /* acquire: pairs with the optimizer's release store of version after writing params16 */
+        uint32_t v = atomic_load_explicit(&cs->version, memory_order_acquire);
+        if (v == w->need_version)
+            break;
+        if (v > w->need_version) {
+            fprintf(stderr, "worker %d: chunk %d is at version %u, past the %u this step needs\n", w->rank, c, v,
+                    w->need_version);
+            abort();
+        }
+        set_phase(w, PHASE_WAIT_WEIGHTS);
+        futex_wait(&cs->version, v, WAIT_SLICE_MS);
+        bail_if_stopped(w);
+    }
+    atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
+}
+
+static struct cache_entry *cache_find(struct worker *w, int c)
+{
+    for (int i = 0; i < w->cache_size; i++)
+        if (w->cache[i].chunk == c && w->cache[i].version == w->need_version)
+            return &w->cache[i];
+    return NULL;
+}
+
+static struct cache_entry *cache_victim(struct worker *w)
+{
+    struct cache_entry *best = NULL;
+    for (int i = 0; i < w->cache_size; i++) {
+        struct cache_entry *e = &w->cache[i];
+        if (e->held)
+            continue;
+        if (e->chunk < 0)
+            return e;
+        if (!best || e->last_use < best->last_use)
+            best = e;
+    }
+    return best;
+}
+
+static void cache_fill(struct worker *w, struct cache_entry *e, int c)
+{
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    int slot = (int)(e - w->cache);
+    e->chunk = c;
+    e->version = w->need_version;
+    w->be.ops->fetch_weights_async(&w->be, slot, e->dev, w->shm.params16 + ch->offset, (size_t)ch->numel);
+    atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)ch->numel * 2, memory_order_relaxed);
+}
+
+static const void *io_weights(void *ctx, int c, int next)
+{
+    struct worker *w = ctx;
+    atomic_store_explicit(&w->slot->chunk, c, memory_order_relaxed);
+    struct cache_entry *e = cache_find(w, c);
+    if (!e) {
+        wait_version(w, c);
+        e = cache_victim(w);
+        SD_ASSERT(e); /* the plan gives at least one buffer more than a pass holds at once */
+        cache_fill(w, e, c);
+    }
+    e->held = true;
+    e->last_use = ++w->use_clock;
+    w->be.ops->wait_weights(&w->be, (int)(e - w->cache));
+    /* Prefetch the next chunk when its version is already published and a buffer is free. */
+    if (next >= 0 && !cache_find(w, next)) {
+        struct chunk_state *cs = ctl_chunk_state(w->ctl, next);
+        if (atomic_load_explicit(&cs->version, memory_order_acquire) == w->need_version) {
+            struct cache_entry *v = cache_victim(w);
+            if (v)
+                cache_fill(w, v, next);
+        }
+    }
+    return e->dev;
+}
+
+static void io_release(void *ctx, int c)
+{
+    struct worker *w = ctx;
+    for (int i = 0; i < w->cache_size; i++)
+        if (w->cache[i].chunk == c)
+            w->cache[i].held = false;
+}
+
+static void io_grads_done(void *ctx, int c, float *grad)
+{
+    struct worker *w = ctx;
+    struct ctl_header *h = w->ctl;
+    const struct chunk_desc *ch = &ctl_chunks(h)[c];
+    int owner = ctl_chunk_state(h, c)->owner;
+
+    int si = w->next_grad_slot;
+    w->next_grad_slot = (w->next_grad_slot + 1) % h->grad_slots;
+    struct slot_state *ss = ctl_slot(h, w->rank, si);
+    uint64_t t0 = clock_ns();
+    for (;;) {
+        /* acquire: pairs with the optimizer's release store of SLOT_FREE after it read the slot */
+        uint32_t st = atomic_load_explicit(&ss->state, memory_order_acquire);
+        if (st == SLOT_FREE)
+            break;
+        set_phase(w, PHASE_WAIT_SLOT);
+        futex_wait(&ss->state, st, WAIT_SLICE_MS);
+        bail_if_stopped(w);
+    }
+    atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
+    set_phase(w, PHASE_BACKWARD);
+
+    float *host = job_grad_slot(&w->shm, w->rank, si);
+    w->be.ops->send_grads_async(&w->be, si % BE_MAX_XFER_SLOTS, host, grad, (size_t)ch->numel);
+    w->be.ops->wait_grads_host(&w->be, si % BE_MAX_XFER_SLOTS);
+    atomic_store_explicit(&ss->state, SLOT_FULL, memory_order_relaxed);
+
+    struct chunk_desc_msg msg = {
+        .chunk = (uint32_t)c,
+        .step = w->step,
+        .micro = w->micro,
+        .rank = (uint16_t)w->rank,
+        .slot = (uint16_t)si,
+        .generation = w->generation,
+        .kind = DESC_GRAD,
+        .bytes = (uint64_t)ch->numel * 4,
+    };
+    /* The ring has more entries than this rank has slots, so it cannot be full. */
+    bool pushed = ring_push(ctl_ring(h, w->rank, owner), &msg);
+    SD_ASSERT(pushed);
+    struct doorbell *db = ctl_doorbell(h, owner);
+    atomic_fetch_add_explicit(&db->seq, 1, memory_order_release);
+    futex_wake_all(&db->seq);
+    atomic_fetch_add_explicit(&w->slot->bytes_out, msg.bytes, memory_order_relaxed);
+}
+
+static void io_loss_done(void *ctx, const float *loss_rows, int n)
+{
+    struct worker *w = ctx;
+    for (int i = 0; i < n; i++)
+        if (w->row_mask_cur[i])
+            w->loss_sum += (double)loss_rows[i];
+    if (!w->last_micro)
+        return;
+    /* The loss is complete before the last gradients go out, so a committed step always has it. */
+    struct step_record *rec = ctl_step(w->ctl, w->step);
+    SD_ASSERT(atomic_load(&rec->step) == w->step);
+    rec->loss_sum[w->rank] = w->loss_sum;
+    atomic_fetch_add_explicit(&rec->ranks_done, 1, memory_order_release);
+}
+
+/* Loads micro-batch rows: sequence indices from the order contract. */
+static int load_rows(struct worker *w, struct data_set *d, const int64_t *seq_index, int rows)
+{
+    int T = w->T;
+    for (int i = 0; i < rows; i++) {
+        if (data_sequence(d, seq_index[i], w->seq_buf, w->mask + (size_t)i * T) != 0)
+            return -1;
+        memcpy(w->tokens + (size_t)i * T, w->seq_buf, sizeof(int32_t) * (size_t)T);
+        memcpy(w->targets + (size_t)i * T, w->seq_buf + 1, sizeof(int32_t) * (size_t)T);
+    }
+    return 0;
+}
+
+/* Unmasked targets over the whole global batch of a step (every rank computes the same). */
+static int count_step_targets(struct worker *w, int64_t step, int64_t *count)
+{
+    if (!w->train.has_flags) {
+        *count = (int64_t)w->G * w->A * w->mb * w->T;
+        return 0;
+    }
+    int64_t n = 0;
+    for (int a = 0; a < w->A; a++)
+        for (int r = 0; r < w->G; r++)
+            for (int i = 0; i < w->mb; i++) {
+                int64_t k = data_seq_index(step, a, r, i, w->A, w->G, w->mb);
+                if (data_sequence(&w->train, k, w->seq_buf, w->mask) != 0)
+                    return -1;
+                for (int t = 0; t < w->T; t++)
+                    n += w->mask[t];
+            }
+    *count = n;
+    return 0;
+}
+
+static const struct model_io worker_io = {
+    .weights = io_weights,
+    .release = io_release,
+    .grads_done = io_grads_done,
+    .loss_done = io_loss_done,
+};
+
+static int train_step(struct worker *w, uint32_t s)
+{
+    struct ctl_header *h = w->ctl;
+    int64_t ntargets;
+    if (count_step_targets(w, s, &ntargets) != 0)
+        return -1;
+    if (ntargets == 0)
+        return sd_err("step %u has no unmasked targets in its global batch", s);
+    if (w->rank == 0)
+        ctl_step(h, s)->tokens = ntargets;
+    struct model_io io = worker_io;
+    io.ctx = w;
+    w->need_version = s - 1;
+    w->loss_sum = 0;
+    w->step = s;
+    int64_t seq_index[4096];
+    SD_ASSERT(w->mb <= 4096);
+    for (int a = 0; a < w->A; a++) {
+        uint64_t t0 = clock_ns();
+        for (int i = 0; i < w->mb; i++)
+            seq_index[i] = data_seq_index(s, a, w->rank, i, w->A, w->G, w->mb);
+        if (load_rows(w, &w->train, seq_index, w->mb) != 0)
+            return -1;
+        int n = w->mb * w->T;
+        for (int i = 0; i < n; i++)
+            w->row_scale[i] = w->mask[i] ? (float)(1.0 / (double)ntargets) : 0.0f;
+        w->micro = (uint32_t)(a * w->G + w->rank);
+        w->last_micro = a == w->A - 1;
+        w->row_mask_cur = w->mask;
+        set_phase(w, PHASE_FORWARD);
+        model_train_step(&w->model, &io, w->tokens, w->targets, w->row_scale, w->loss_rows, NULL);
+        atomic_fetch_add_explicit(&w->slot->items, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&w->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
+    }
+    return 0;
+}
+
+/* Validation after update s: sequences j = rank, rank+G, ... of the val set, read at version s. */
+static int eval_step(struct worker *w, uint32_t s)
+{
+    struct ctl_header *h = w->ctl;
+    struct model_io io = worker_io;
+    io.ctx = w;
+    io.loss_done = NULL;
+    w->need_version = s;
+    set_phase(w, PHASE_EVAL);
+    int64_t nval = h->job.val_sequences > 0 && h->job.val_sequences < w->val.num_sequences ? h->job.val_sequences
+                                                                                            : w->val.num_sequences;
+    double loss = 0;
+    int64_t count = 0, correct = 0;
+    int64_t seq_index[4096];
+    for (int64_t j0 = w->rank; j0 < nval; j0 += (int64_t)w->G * w->mb) {
+        int rows = 0;
+        for (int i = 0; i < w->mb; i++) {
+            int64_t j = j0 + (int64_t)i * w->G;
+            seq_index[i] = j < nval ? j : j0; /* pad a short last batch; padded rows are not counted */
+            rows += j < nval;
+        }
+        if (load_rows(w, &w->val, seq_index, w->mb) != 0)
+            return -1;
+        model_eval(&w->model, &io, w->tokens, w->targets, w->loss_rows, w->correct, NULL);
+        for (int i = 0; i < rows * w->T; i++)
+            if (w->mask[i]) {
+                loss += w->loss_rows[i];
+                correct += w->correct[i];
+                count++;
+            }
+    }
+    struct step_record *rec = ctl_step(h, s);
+    rec->val_loss_sum[w->rank] = loss;
+    rec->val_count[w->rank] = count;
+    rec->val_correct[w->rank] = correct;
+    atomic_fetch_add_explicit(&rec->val_ranks_done, 1, memory_order_release);
+    return 0;
+}
+
+static bool is_val_step(const struct ctl_header *h, bool have_val, uint32_t s)
+{
+    if (!have_val)
+        return false;
+    return s == (uint32_t)h->job.steps || (h->job.val_every > 0 && s % (uint32_t)h->job.val_every == 0);
+}
+
+static int worker_setup(struct worker *w, const struct worker_args *args)
+{
+    if (job_shm_attach(&w->shm, args->job_name, JOB_MAP_CTL | JOB_MAP_PARAMS_RO | JOB_MAP_GRADS, false) != 0)
+        return -1;
+    struct ctl_header *h = w->ctl = w->shm.ctl;
+    if (args->rank < 0 || args->rank >= h->gpus)
+        return sd_err("rank %d out of range (job has %d)", args->rank, h->gpus);
+    w->rank = args->rank;
+    w->G = h->gpus;
+    w->A = h->job.grad_accum;
+    w->mb = h->job.micro_batch;
+    w->T = h->job.seq_len;
+    w->slot = ctl_proc(h, PROC_WORKER, w->rank);
+    w->generation = atomic_load(&w->slot->generation);
+    atomic_store(&w->slot->pid, (int32_t)getpid());
+    set_phase(w, PHASE_STARTING);
+
+    int rc;
+#ifdef SD_HAVE_CUDA
+    if (h->job.device == DEVICE_CUDA)
+        rc = backend_cuda_init(&w->be, args->device_index, (size_t)h->job.gpu_mem);
+    else
+#endif
+        rc = h->job.device == DEVICE_CPU ? backend_cpu_init(&w->be) : sd_err("this build has no CUDA backend");
+    if (rc != 0)
+        return -1;
+    if (w->be.ops->register_host(&w->be, w->shm.params16, (size_t)h->params16_bytes, true) != 0 ||
+        w->be.ops->register_host(&w->be, w->shm.grads, (size_t)h->grads_bytes, false) != 0)
+        return -1;
+
+    if (data_open(h->job.data_train, w->T, 0, h->job.shuffle, h->job.seed, &w->train) != 0)
+        return -1;
+    w->have_val = h->job.data_val[0] != 0;
+    if (w->have_val && data_open(h->job.data_val, w->T, 0, false, h->job.seed, &w->val) != 0)
+        return -1;
+
+    w->cache_size = h->plan.chunk_buffers;
+    w->cache = calloc((size_t)w->cache_size, sizeof *w->cache);
+    if (!w->cache)
+        return sd_err("out of memory");
+    size_t wbytes = (size_t)h->max_chunk_numel * be_dtype_size(w->be.weight_dtype);
+    for (int i = 0; i < w->cache_size; i++) {
+        w->cache[i].chunk = -1;
+        w->cache[i].dev = w->be.ops->alloc(&w->be, wbytes);
+        if (!w->cache[i].dev)
+            return sd_err_prefix("chunk buffer %d of %zu bytes", i, wbytes);
+    }
+    if (model_init(&w->model, &w->be, &h->model, ctl_tensors(h), h->num_tensors, ctl_chunks(h), h->num_chunks, w->mb,
+                   w->T, h->plan.keep_acts, h->plan.logits_rows) != 0)
+        return -1;
+    size_t n = (size_t)w->mb * w->T;
+    w->tokens = malloc(n * sizeof(int32_t));
+    w->targets = malloc(n * sizeof(int32_t));
+    w->correct = malloc(n * sizeof(int32_t));
+    w->row_scale = malloc(n * sizeof(float));
+    w->loss_rows = malloc(n * sizeof(float));
+    w->mask = malloc(n);
+    w->seq_buf = malloc(((size_t)w->T + 1) * sizeof(int32_t));
+    if (!w->tokens || !w->targets || !w->correct || !w->row_scale || !w->loss_rows || !w->mask || !w->seq_buf)
+        return sd_err("out of memory");
+    return 0;
+}
+
+int worker_run(const struct worker_args *args)
+{
+    struct worker *w = calloc(1, sizeof *w);
+    if (!w)
+        return sd_err("out of memory");
+    if (worker_setup(w, args) != 0)
+        return -1;
+    struct ctl_header *h = w->ctl;
+    atomic_fetch_add(&h->workers_ready, 1);
+    for (uint32_t s = (uint32_t)h->first_step; s <= (uint32_t)h->job.steps; s++) {
+        if (atomic_load(&h->stop) >= 1)
+            break;
+        /* Never run more than half the step records ahead of the launcher's logging. */
+        for (;;) {
+            uint32_t logged = atomic_load_explicit(&h->metrics_step, memory_order_acquire);
+            if (s <= logged + CTL_STEP_RECORDS / 2)
+                break;
+            futex_wait(&h->metrics_step, logged, WAIT_SLICE_MS);
+            bail_if_stopped(w);
+        }
+        atomic_store(&w->slot->step, s);
+        if (train_step(w, s) != 0)
+            return -1;
+        if (is_val_step(h, w->have_val, s) && eval_step(w, s) != 0)
+            return -1;
+    }
+    set_phase(w, PHASE_DONE);
+    return 0;
+}
