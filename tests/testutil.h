@@ -4,6 +4,7 @@
 #define SD_TESTUTIL_H
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
