@@ -315,8 +315,9 @@ static int spawn_child(struct sup *s, struct child *c)
     return 0;
 }
 
-/* The children's environment: ours, plus one OpenBLAS thread per core share on the CPU backend. */
-static char **make_child_env(const struct job_config *job)
+/* The children's environment: ours, with OpenBLAS single-threaded, because its results depend on
+ * its thread count and data-parallel runs must match single-worker runs bit for bit. */
+static char **make_child_env(void)
 {
     int n = 0;
     while (environ[n])
@@ -326,13 +327,10 @@ static char **make_child_env(const struct job_config *job)
         return NULL;
     for (int i = 0; i < n; i++)
         env[i] = environ[i];
-    if (!getenv("OPENBLAS_NUM_THREADS")) {
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        long per = job->device == DEVICE_CPU && ncpu > job->gpus ? ncpu / job->gpus : 1;
-        char buf[64];
-        snprintf(buf, sizeof buf, "OPENBLAS_NUM_THREADS=%ld", per);
-        env[n++] = strdup(buf);
-    }
+    for (int i = 0; i < n; i++)
+        if (!strncmp(env[i], "OPENBLAS_NUM_THREADS=", 21))
+            env[i] = env[--n];
+    env[n++] = "OPENBLAS_NUM_THREADS=1";
     env[n] = NULL;
     return env;
 }
@@ -415,7 +413,7 @@ int launch_run(const struct launch_opts *opts)
             return 2;
         }
     }
-    if (find_bin_dir(s->bin_dir, sizeof s->bin_dir) != 0 || !(s->child_env = make_child_env(job))) {
+    if (find_bin_dir(s->bin_dir, sizeof s->bin_dir) != 0 || !(s->child_env = make_child_env())) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         return 1;
     }
