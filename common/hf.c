@@ -466,8 +466,9 @@ static int write_index(const char *out_dir, const struct layout *lay, const int 
         free(sorted);
         return sd_err("%s: out of memory", path);
     }
-    fprintf(m, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
-            (unsigned long long)total);
+    fprintf(m, "{\n  \"metadata\": {\n    \"total_parameters\": %lld,\n    \"total_size\": %llu\n  },\n"
+               "  \"weight_map\": {\n",
+            (long long)lay->num_params, (unsigned long long)total);
     for (int i = 0; i < lay->num_tensors; i++) {
         shard_name(file, sizeof file, shard_of[sorted[i] - lay->tensors], num_shards);
         fputs("    ", m);

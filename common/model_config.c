@@ -121,7 +121,7 @@ static int check_unsupported(const char *what, const cJSON *root, enum model_fam
         if (v && !(cJSON_IsNumber(v) && v->valuedouble == 0))
             return bad_value(what, moe[i], v, "is not supported (mixture-of-experts layers)");
     }
-    bool b;
+    bool b = false;
     if (get_bool(what, root, "use_sliding_window", false, &b) < 0)
         return -1;
     if (b)
@@ -232,7 +232,7 @@ static bool same_scaling(const struct rope_scaling *a, const struct rope_scaling
 
 static int parse_rope_all(const char *what, const cJSON *root, struct model_config *c)
 {
-    double t_top, t_params = 0, t_scaling = 0;
+    double t_top = 0, t_params = 0, t_scaling = 0;
     bool has_params_theta = false, has_scaling_theta = false;
     struct rope_scaling from_params = {0}, from_scaling = {0};
     if (get_double(what, root, "rope_theta", 10000.0, &t_top) < 0)
