@@ -46,6 +46,8 @@ static int clean_job(const char *ini, int n, char **overrides)
 
 int main(int argc, char **argv)
 {
+    /* A closed stdout must not kill the supervisor before it removes the shared state. */
+    signal(SIGPIPE, SIG_IGN);
     static char gpus_override[64], device_override[64];
     char **overrides = calloc((size_t)argc + 2, sizeof *overrides);
     int num_overrides = 0;
@@ -60,6 +62,13 @@ int main(int argc, char **argv)
             overrides[num_overrides++] = device_override;
         } else if (!strcmp(argv[i], "--clean")) {
             clean = 1;
+        } else if (!strcmp(argv[i], "--version")) {
+#ifdef SD_HAVE_CUDA
+            printf("slidedp %s (backends: cpu cuda)\n", SD_VERSION);
+#else
+            printf("slidedp %s (backends: cpu)\n", SD_VERSION);
+#endif
+            return 0;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             return usage();
         } else if (argv[i][0] == '-') {

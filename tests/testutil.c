@@ -43,22 +43,24 @@ void tu_write_file(const char *path, const char *text)
 
 char *tu_read_file(const char *path, size_t *len)
 {
+    /* read in a loop rather than by size: /proc files report size 0 */
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        free(buf);
-        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n + 1 >= cap)
+            buf = realloc(buf, cap *= 2);
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
     }
-    buf[n] = 0;
     fclose(f);
+    buf[n] = 0;
     if (len)
-        *len = (size_t)n;
+        *len = n;
     return buf;
 }
 

@@ -1,0 +1,47 @@
+# The two-command quick start: `make run` trains the embedded default job, `make test` runs the
+# whole test suite. Both install missing Debian packages first (as root; otherwise they print the
+# apt-get command), then configure and build with meson. The CUDA backend is built when nvcc is
+# found (CUDA_HOME/bin is put on PATH for that).
+BUILD ?= build
+CUDA_HOME ?= /usr/local/cuda
+export PATH := $(CUDA_HOME)/bin:$(PATH)
+
+PKGS := meson ninja-build pkg-config gcc libc6-dev libuv1-dev libopenblas-dev libcmocka-dev \
+        libinih-dev libcjson-dev libncurses-dev
+
+.PHONY: all deps build run test clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "missing packages; run: sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
+	fi
+
+$(BUILD)/build.ninja: | deps
+	meson setup $(BUILD) --buildtype=release
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+# The embedded default job: a tiny Qwen3-architecture model learns a copy task. Uses the GPUs when
+# this build has the CUDA backend and nvidia-smi sees some, else two CPU workers.
+run: build
+	@test -f data/tiny/train.bin || $(BUILD)/slidedp-data copy --out data/tiny --seq-len 64 --train 8000 --val 256 --seed 1
+	@if $(BUILD)/slidedp-launch --version | grep -q cuda && nvidia-smi -L >/dev/null 2>&1; then \
+	  set -x; $(BUILD)/slidedp-launch --device cuda --gpus $$(nvidia-smi -L | wc -l) examples/tiny.ini; \
+	else \
+	  set -x; $(BUILD)/slidedp-launch --device cpu --gpus 2 examples/tiny.ini; \
+	fi
+
+test: build
+	meson test -C $(BUILD) --print-errorlogs
+
+clean:
+	rm -rf $(BUILD) data/tiny runs/tiny

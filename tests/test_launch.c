@@ -1,0 +1,272 @@
+/* The whole process architecture on the CPU backend: slidedp-launch --device cpu --gpus 2 trains
+ * the tiny copy task (loss falls, validation accuracy rises), runs its workers and optimizers as
+ * separate processes with params16 mapped read-only in the workers, exports a final/ that reloads
+ * and reproduces the last validation loss, and leaves nothing in /dev/shm. */
+#include "tests/testutil.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/data.h"
+#include "common/err.h"
+#include "common/hf.h"
+#include "shm/ctl.h"
+#include "shm/futex.h"
+#include "worker/resident.h"
+
+static char dir[1024];
+
+static void write_job(const char *extra)
+{
+    char p[1200], text[4096];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ninit = random\n"
+             "[data]\ntrain = data/train.bin\nval = data/val.bin\nseq_len = 64\nval_every = 40\n"
+             "[train]\nmicro_batch = 8\ngrad_accum = 2\nsteps = 120\nlr = 3e-3\nwarmup = 10\nweight_decay = 0.01\n"
+             "grad_clip = 1.0\nseed = 1234\n"
+             "[checkpoint]\ndir = ckpt\nexport_dtype = bf16\n"
+             "[runtime]\ndevice = cpu\ngpus = 2\n"
+             "[log]\ndir = log\nevery = 20\n%s",
+             tu_src("examples/tiny-qwen3"), extra);
+    snprintf(p, sizeof p, "%s/job.ini", dir);
+    tu_write_file(p, text);
+}
+
+static int count_shm_objects(const char *job)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    struct dirent *e;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "slidedp.%s.", job);
+    while (d && (e = readdir(d)))
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* Permissions of the mapping of a shm object in a process ("r--s"), or "" when not mapped. */
+static void mapping_perms(int pid, const char *object, char perms[8])
+{
+    char path[64], line[1024];
+    snprintf(path, sizeof path, "/proc/%d/maps", pid);
+    perms[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, object)) {
+            sscanf(line, "%*s %7s", perms);
+            break;
+        }
+    fclose(f);
+}
+
+static void proc_comm(int pid, char *out, size_t len)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/comm", pid);
+    char *text = tu_read_file(path, NULL);
+    snprintf(out, len, "%s", text ? text : "");
+    free(text);
+    char *nl = strchr(out, '\n');
+    if (nl)
+        *nl = 0;
+}
+
+/* While the job runs: every worker and optimizer is its own process with the expected program,
+ * workers map params16 read-only and never map master; optimizers map master. */
+static void inspect_running_job(const char *job_name, int gpus, pid_t launcher)
+{
+    struct job_shm shm;
+    uint64_t t0 = clock_ns();
+    while (job_shm_attach(&shm, job_name, JOB_MAP_CTL, true) != 0) {
+        if (clock_ns() - t0 > 30ull * 1000000000ull)
+            fail_msg("job %s never appeared: %s", job_name, sd_errmsg());
+        usleep(10000);
+    }
+    struct ctl_header *h = shm.ctl;
+    assert_int_equal(h->gpus, gpus);
+    while (atomic_load(&h->workers_ready) < (uint32_t)gpus && clock_ns() - t0 < 30ull * 1000000000ull)
+        usleep(10000);
+    assert_int_equal(atomic_load(&h->launcher_pid), launcher);
+    char params_obj[96], master_obj[96], perms[8], comm[64];
+    snprintf(params_obj, sizeof params_obj, "/dev/shm/slidedp.%s.params16", job_name);
+    snprintf(master_obj, sizeof master_obj, "/dev/shm/slidedp.%s.master", job_name);
+    for (int r = 0; r < gpus; r++) {
+        int pid = atomic_load(&ctl_proc(h, PROC_WORKER, r)->pid);
+        assert_true(pid > 0 && pid != launcher);
+        proc_comm(pid, comm, sizeof comm);
+        printf("# worker %d: pid %d comm '%s'\n", r, pid, comm);
+        assert_string_equal(comm, "slidedp-worker");
+        mapping_perms(pid, params_obj, perms);
+        printf("# worker %d: pid %d, params16 mapped %s\n", r, pid, perms);
+        assert_string_equal(perms, "r--s");
+        mapping_perms(pid, master_obj, perms);
+        assert_string_equal(perms, "");
+    }
+    for (int k = 0; k < h->optim_procs; k++) {
+        int pid = atomic_load(&ctl_proc(h, PROC_OPTIM, k)->pid);
+        proc_comm(pid, comm, sizeof comm);
+        assert_string_equal(comm, "slidedp-optim");
+        mapping_perms(pid, master_obj, perms);
+        printf("# optimizer %d: pid %d, master mapped %s\n", k, pid, perms);
+        assert_string_equal(perms, "rw-s");
+    }
+    job_shm_detach(&shm);
+}
+
+static void test_tiny_two_workers(void **state)
+{
+    tu_seed("tiny job", 1234);
+    char cmd[4096], *out = NULL;
+    assert_int_equal(tu_sh(&out, "%s copy --out %s/data --seq-len 64 --train 4000 --val 128 --seed 1",
+                           tu_bin("slidedp-data"), dir),
+                     0);
+    free(out);
+    write_job("");
+    snprintf(cmd, sizeof cmd, "%s/job.ini", dir);
+    struct job_config job;
+    assert_int_equal(job_config_load(cmd, 0, NULL, &job), 0);
+    char job_name[32];
+    ctl_job_name(job.log_dir, job_name, sizeof job_name);
+
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        execl(tu_bin("slidedp-launch"), "slidedp-launch", "--device", "cpu", "--gpus", "2", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    inspect_running_job(job_name, 2, pid);
+    char buf[65536];
+    size_t len = 0;
+    ssize_t n;
+    while ((n = read(pfd[0], buf + len, sizeof buf - 1 - len)) > 0)
+        len += (size_t)n;
+    buf[len] = 0;
+    close(pfd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    printf("%s", buf);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_equal(count_shm_objects(job_name), 0);
+
+    /* metrics.jsonl: one line per step with the contract fields; loss falls, accuracy rises */
+    snprintf(cmd, sizeof cmd, "%s/log/metrics.jsonl", dir);
+    char *metrics = tu_read_file(cmd, NULL);
+    assert_non_null(metrics);
+    int steps = 0;
+    double first_loss = 0, last_loss = 0, last_val_loss = -1, last_val_acc = -1;
+    for (char *line = strtok(metrics, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        assert_non_null(o);
+        const char *keys[] = {"step", "loss", "lr", "grad_norm", "tokens", "step_s", "tok_s"};
+        for (int k = 0; k < 7; k++)
+            assert_non_null(cJSON_GetObjectItem(o, keys[k]));
+        steps++;
+        assert_int_equal(cJSON_GetObjectItem(o, "step")->valueint, steps);
+        assert_int_equal(cJSON_GetObjectItem(o, "tokens")->valueint, 2 * 2 * 8 * 64);
+        double loss = cJSON_GetObjectItem(o, "loss")->valuedouble;
+        if (steps == 1)
+            first_loss = loss;
+        last_loss = loss;
+        cJSON *vl = cJSON_GetObjectItem(o, "val_loss");
+        if (vl) {
+            last_val_loss = vl->valuedouble;
+            last_val_acc = cJSON_GetObjectItem(o, "val_acc")->valuedouble;
+        }
+        cJSON_Delete(o);
+    }
+    free(metrics);
+    printf("# loss %.4f -> %.4f, final val loss %.4f, val accuracy %.4f\n", first_loss, last_loss, last_val_loss,
+           last_val_acc);
+    assert_int_equal(steps, 120);
+    assert_true(first_loss > 3.0);     /* ln(32) = 3.47 at random init */
+    assert_true(last_loss < 0.3);
+    assert_true(last_val_acc > 0.9);
+
+    /* final/ reloads, and its forward reproduces the last validation loss */
+    snprintf(cmd, sizeof cmd, "%s/ckpt/final", dir);
+    char cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", cmd);
+    struct model_config cfg;
+    assert_int_equal(model_config_load(cfg_path, &cfg), 0);
+    struct backend be;
+    assert_int_equal(backend_cpu_init(&be), 0);
+    struct resident_model rm;
+    if (resident_model_load(&rm, &be, &cfg, cmd, 8, 64) != 0)
+        fail_msg("%s", sd_errmsg());
+    snprintf(cmd, sizeof cmd, "%s/data/val.bin", dir);
+    struct data_set val;
+    assert_int_equal(data_open(cmd, 64, cfg.vocab_size, false, 0, &val), 0);
+    int32_t tokens[512], targets[512], seq[65], correct[512];
+    uint8_t mask[512];
+    float loss[512];
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t j0 = 0; j0 < val.num_sequences; j0 += 8) {
+        for (int i = 0; i < 8; i++) {
+            int64_t j = j0 + i < val.num_sequences ? j0 + i : j0;
+            assert_int_equal(data_sequence(&val, j, seq, mask + i * 64), 0);
+            memcpy(tokens + i * 64, seq, 64 * 4);
+            memcpy(targets + i * 64, seq + 1, 64 * 4);
+            if (j0 + i >= val.num_sequences)
+                memset(mask + i * 64, 0, 64);
+        }
+        model_eval(&rm.model, &rm.io, tokens, targets, loss, correct, NULL);
+        for (int i = 0; i < 512; i++)
+            if (mask[i]) {
+                sum += loss[i];
+                count++;
+            }
+    }
+    printf("# final/ reloaded: val loss %.6f (job reported %.6f)\n", sum / (double)count, last_val_loss);
+    assert_true(fabs(sum / (double)count - last_val_loss) < 1e-4 * (1 + last_val_loss));
+    data_close(&val);
+    resident_model_free(&rm);
+    backend_cpu_free(&be);
+}
+
+static void test_bad_input_creates_nothing(void **state)
+{
+    write_job("");
+    char cmd[1200], logdir[1200], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/job.ini", dir);
+    snprintf(logdir, sizeof logdir, "%s/log", dir);
+    const char *bad[] = {"train.steps=0", "model.path=/nonexistent", "data.seq_len=100000"};
+    const char *expect[] = {"steps", "[model] path", "seq_len"};
+    for (int i = 0; i < 3; i++) {
+        tu_rmrf(logdir);
+        int rc = tu_sh(&out, "%s %s %s 2>&1", tu_bin("slidedp-launch"), cmd, bad[i]);
+        printf("# %s -> %s", bad[i], out);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, expect[i]));
+        assert_null(strchr(out, '\n') == out + strlen(out) - 1 ? NULL : strchr(out, '\n'));
+        free(out);
+        assert_false(tu_exists(logdir));
+    }
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "launch"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiny_two_workers),
+        cmocka_unit_test(test_bad_input_creates_nothing),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tu_rmrf(dir);
+    return rc;
+}
