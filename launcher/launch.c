@@ -115,6 +115,44 @@ static void transition(struct sup *s, enum sup_state next)
     }
 }
 
+/* Model FLOPs per token as the PyTorch peer counts them: 6N plus the attention term. */
+static double flops_per_token(const struct ctl_header *h)
+{
+    const struct model_config *c = &h->model;
+    return 6.0 * (double)h->num_params + 6.0 * c->num_layers * c->num_heads * c->head_dim * (double)h->job.seq_len;
+}
+
+static void publish_stats(struct sup *s, uint32_t step, double loss, const struct step_record *rec, double step_s,
+                          double tok_s, int64_t tokens, double val_loss, double val_acc)
+{
+    struct ctl_header *h = s->h;
+    struct job_stats *js = &h->stats;
+    double peak = 0;
+    for (int r = 0; r < h->gpus; r++)
+        peak += ctl_proc(h, PROC_WORKER, r)->peak_flops;
+    /* seqlock write: odd while writing; release fences order the data between the two bumps */
+    uint32_t seq = atomic_load_explicit(&js->seq, memory_order_relaxed);
+    atomic_store_explicit(&js->seq, seq + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    js->step = step;
+    js->loss = loss;
+    js->lr = rec->lr;
+    js->grad_norm = rec->grad_norm;
+    js->step_s = step_s;
+    js->tok_s = tok_s;
+    js->mfu = peak > 0 ? tok_s * flops_per_token(h) / peak : 0;
+    if (val_loss >= 0) {
+        js->val_loss = val_loss;
+        js->val_acc = val_acc;
+    }
+    js->predicted_step_s = h->plan.predicted_step_s;
+    js->tokens_total += (uint64_t)tokens;
+    js->updated_ns = clock_ns();
+    js->loss_history[step % JOB_STATS_HISTORY] = loss;
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&js->seq, seq + 2, memory_order_relaxed);
+}
+
 static int write_metrics(struct sup *s, uint32_t step, const struct step_record *rec)
 {
     const struct job_config *job = &s->h->job;
@@ -128,6 +166,7 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     int64_t tokens = (int64_t)G * job->grad_accum * job->micro_batch * job->seq_len;
     double tok_s = step_s > 0 ? (double)tokens / step_s : 0;
     char val[160] = "";
+    double val_loss = -1, val_acc = 0;
     if (atomic_load(&rec->val_ranks_done) == (uint32_t)G) {
         double vl = 0;
         int64_t vc = 0, vok = 0;
@@ -136,9 +175,13 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
             vc += rec->val_count[r];
             vok += rec->val_correct[r];
         }
-        if (vc > 0)
-            snprintf(val, sizeof val, ",\"val_loss\":%.6f,\"val_acc\":%.6f", vl / (double)vc, (double)vok / (double)vc);
+        if (vc > 0) {
+            val_loss = vl / (double)vc;
+            val_acc = (double)vok / (double)vc;
+            snprintf(val, sizeof val, ",\"val_loss\":%.6f,\"val_acc\":%.6f", val_loss, val_acc);
+        }
     }
+    publish_stats(s, step, loss, rec, step_s, tok_s, tokens, val_loss, val_acc);
     fprintf(s->metrics,
             "{\"step\":%u,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens\":%lld,\"targets\":%lld,"
             "\"step_s\":%.6f,\"tok_s\":%.1f,\"clip_coef\":%.6f%s}\n",
@@ -148,16 +191,8 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     if (step % (uint32_t)job->log_every == 0 || step == (uint32_t)job->steps || val[0]) {
         printf("step %5u/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.3fs  %.0f tok/s", step, job->steps, loss, rec->lr,
                rec->grad_norm, step_s, tok_s);
-        if (val[0]) {
-            double vl = 0;
-            int64_t vc = 0, vok = 0;
-            for (int r = 0; r < G; r++) {
-                vl += rec->val_loss_sum[r];
-                vc += rec->val_count[r];
-                vok += rec->val_correct[r];
-            }
-            printf("  | val loss %.4f  val acc %.2f%%", vl / (double)vc, 100.0 * (double)vok / (double)vc);
-        }
+        if (val[0])
+            printf("  | val loss %.4f  val acc %.2f%%", val_loss, 100.0 * val_acc);
         printf("\n");
         fflush(stdout);
     }

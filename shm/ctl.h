@@ -58,6 +58,22 @@ struct proc_slot {
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t wait_ns;
     _Atomic uint64_t items;      /* micro-steps (workers), chunk updates (optimizers) */
+    /* set once at start-up by the process */
+    char device_name[64];        /* e.g. "NVIDIA H200" or "cpu" */
+    double peak_flops;           /* dense bf16 (GPU) or an estimate (CPU); 0 when unknown */
+};
+
+#define JOB_STATS_HISTORY 256
+/* Job-level numbers for monitors, written only by the launcher under a seqlock (seq odd while
+ * writing); readers copy and retry until they see the same even seq before and after. */
+struct job_stats {
+    alignas(64) _Atomic uint32_t seq;
+    uint32_t step;            /* last logged step */
+    double loss, lr, grad_norm, step_s, tok_s, mfu, val_loss, val_acc;
+    double predicted_step_s;
+    uint64_t tokens_total;
+    uint64_t updated_ns;      /* clock_ns() of the last update */
+    double loss_history[JOB_STATS_HISTORY]; /* loss of step k at [k % JOB_STATS_HISTORY] */
 };
 
 struct chunk_state {
@@ -120,6 +136,8 @@ struct ctl_header {
     /* offsets from the start of the region */
     uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps;
     uint64_t size;
+
+    struct job_stats stats;
 
     alignas(64) _Atomic uint32_t chunks_reduced; /* chunk reductions completed, all steps */
     alignas(64) _Atomic uint32_t chunks_updated; /* chunk updates completed, all steps */

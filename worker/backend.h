@@ -131,6 +131,8 @@ struct backend {
     void *ctx;
     enum be_dtype act_dtype;
     enum be_dtype weight_dtype;
+    char device_name[64];  /* e.g. "NVIDIA H200", "cpu" */
+    double peak_flops;     /* dense bf16 peak of the device, 0 when unknown (monitors' MFU) */
 };
 
 /* Backends compiled into this build. */

@@ -8,6 +8,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -471,6 +472,8 @@ int backend_cpu_init(struct backend *be)
     be->ctx = cx;
     be->act_dtype = BE_F32;
     be->weight_dtype = BE_F32;
+    snprintf(be->device_name, sizeof be->device_name, "cpu");
+    be->peak_flops = 0;
     return 0;
 }
 
