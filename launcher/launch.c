@@ -1,7 +1,9 @@
 /* The supervisor of slidedp-launch: a libuv loop that spawns the workers and optimizer processes
  * (exec'd, never forked copies; the launcher never initialises CUDA), turns committed steps into
- * metrics.jsonl lines, reacts to signals and child exits, and finishes the job by exporting
- * final/ and removing the shared state. One state variable, changed in one place. */
+ * metrics.jsonl lines and disk checkpoints, restarts a process that dies (its generation bumped,
+ * what it held repaired; a crash loop stops the job with a checkpoint), stops cleanly on
+ * SIGINT/SIGTERM with a checkpoint, and finishes by exporting final/ and removing the shared
+ * state. One state variable, changed in one place. */
 #include "launch.h"
 
 #include <dirent.h>
@@ -20,6 +22,8 @@
 
 #define POLL_MS 2
 #define KILL_GRACE_MS 5000
+#define MAX_FAILURES_WITHOUT_PROGRESS 3 /* a process dying this often with no step committed: crash loop */
+#define RESTART_BACKOFF_MS 100          /* doubled for each failure without progress */
 
 extern char **environ;
 
@@ -33,10 +37,13 @@ enum sup_state {
 
 struct child {
     uv_process_t proc;
+    uv_timer_t restart_timer;
     struct sup *sup;
     int kind;  /* enum proc_kind */
     int index;
-    bool running;
+    bool running, restart_pending;
+    int failures;                /* deaths since a step last committed */
+    uint32_t committed_at_death; /* committed step when it last died */
 };
 
 struct sup {
@@ -51,8 +58,12 @@ struct sup {
     int exit_code;
     FILE *metrics;
     uint32_t logged;
-    uint64_t t_prev;   /* commit time of the previous step (or workers ready) */
+    uint32_t commits_seen;                /* highest committed step noticed so far */
+    uint64_t commit_ns[CTL_STEP_RECORDS]; /* when each step was noticed committed, by step */
+    uint64_t t_prev;   /* commit time of the previous logged step (or workers ready) */
     bool ready_seen;
+    bool crash_loop;   /* stopping because a process kept dying */
+    int pending_restarts;
     char bin_dir[PATH_MAX];
     char **child_env;
     int gpu_count;
@@ -68,8 +79,9 @@ static void wake_everyone(struct ctl_header *h)
 {
     for (int k = 0; k < h->optim_procs; k++)
         futex_wake_all(&ctl_doorbell(h, k)->seq);
-    futex_wake_all(&h->chunks_reduced);
+    futex_wake_all(&h->reduce_seq);
     futex_wake_all(&h->metrics_step);
+    futex_wake_all(&h->ckpt_done_step);
     for (int c = 0; c < h->num_chunks; c++)
         futex_wake_all(&ctl_chunk_state(h, c)->version);
 }
@@ -88,6 +100,14 @@ static void on_kill_timer(uv_timer_t *t)
     kill_all(s, SIGKILL);
 }
 
+static bool optimizers_all_running(const struct sup *s)
+{
+    for (int i = 0; i < s->num_children; i++)
+        if (s->children[i].kind == PROC_OPTIM && !s->children[i].running)
+            return false;
+    return true;
+}
+
 /* The one place the supervisor state changes. */
 static void transition(struct sup *s, enum sup_state next)
 {
@@ -96,23 +116,32 @@ static void transition(struct sup *s, enum sup_state next)
     s->state = next;
     switch (next) {
     case SUP_STOPPING:
-        atomic_store(&s->h->stop, 1);
+        /* a crash loop leaves a rank dead, so the others cannot finish their step: stop them now */
+        atomic_store(&s->h->stop, s->crash_loop ? STOP_WORKERS_NOW : STOP_AT_BOUNDARY);
         wake_everyone(s->h);
         break;
     case SUP_DRAINING:
-        atomic_store(&s->h->stop, 3);
+        /* with an optimizer gone, nobody can finish its chunks: leave at the next safe point */
+        atomic_store(&s->h->stop, optimizers_all_running(s) ? STOP_DRAIN : STOP_NOW);
         wake_everyone(s->h);
         break;
     case SUP_FAILED:
+        /* processes leave at their next safe point; what still runs after the grace is killed */
         s->exit_code = 1;
-        atomic_store(&s->h->stop, 2);
+        atomic_store(&s->h->stop, STOP_NOW);
         wake_everyone(s->h);
-        kill_all(s, SIGTERM);
         uv_timer_start(&s->kill_timer, on_kill_timer, KILL_GRACE_MS, 0);
         break;
     default:
         break;
     }
+}
+
+static bool is_val_step(const struct ctl_header *h, uint32_t s)
+{
+    if (!h->job.data_val[0])
+        return false;
+    return s == (uint32_t)h->job.steps || (h->job.val_every > 0 && s % (uint32_t)h->job.val_every == 0);
 }
 
 /* Model FLOPs per token as the PyTorch peer counts them: 6N plus the attention term. */
@@ -161,13 +190,17 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     for (int r = 0; r < G; r++)
         loss += rec->loss_sum[r];
     loss /= (double)rec->tokens;
-    double step_s = (double)(rec->t_commit_ns - s->t_prev) * 1e-9;
-    s->t_prev = rec->t_commit_ns;
+    uint64_t t_commit = s->commit_ns[step % CTL_STEP_RECORDS];
+    double step_s = (double)(t_commit - s->t_prev) * 1e-9;
+    s->t_prev = t_commit;
     int64_t tokens = (int64_t)G * job->grad_accum * job->micro_batch * job->seq_len;
     double tok_s = step_s > 0 ? (double)tokens / step_s : 0;
     char val[160] = "";
     double val_loss = -1, val_acc = 0;
-    if (atomic_load(&rec->val_ranks_done) == (uint32_t)G) {
+    bool val_done = is_val_step(s->h, step);
+    for (int r = 0; r < G; r++)
+        val_done &= atomic_load(&rec->val_done[r]) != 0;
+    if (val_done) {
         double vl = 0;
         int64_t vc = 0, vok = 0;
         for (int r = 0; r < G; r++) {
@@ -199,13 +232,15 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     return 0;
 }
 
-static bool is_val_step(const struct ctl_header *h, uint32_t s)
+static bool all_flags(const _Atomic uint8_t *flags, int n)
 {
-    if (!h->job.data_val[0])
-        return false;
-    return s == (uint32_t)h->job.steps || (h->job.val_every > 0 && s % (uint32_t)h->job.val_every == 0);
+    for (int r = 0; r < n; r++)
+        if (!atomic_load_explicit(&flags[r], memory_order_acquire))
+            return false;
+    return true;
 }
 
+/* Logs every step that is complete, in order, and writes the checkpoints that are due. */
 static void poll_steps(struct sup *s)
 {
     struct ctl_header *h = s->h;
@@ -213,16 +248,17 @@ static void poll_steps(struct sup *s)
         s->ready_seen = true;
         s->t_prev = clock_ns();
     }
+    uint32_t committed = ctl_committed_step(h);
+    for (uint64_t now = clock_ns(); s->commits_seen < committed; s->commits_seen++)
+        s->commit_ns[(s->commits_seen + 1) % CTL_STEP_RECORDS] = now;
     while (s->logged < (uint32_t)h->job.steps) {
         uint32_t next = s->logged + 1;
         struct step_record *rec = ctl_step(h, next);
         /* acquire: pairs with the release stores that set these flags after the data they cover */
-        if (atomic_load_explicit(&rec->step, memory_order_acquire) != next ||
-            !atomic_load_explicit(&rec->committed, memory_order_acquire) ||
-            !atomic_load_explicit(&rec->norm_written, memory_order_acquire) ||
-            atomic_load_explicit(&rec->ranks_done, memory_order_acquire) < (uint32_t)h->gpus)
+        if (atomic_load_explicit(&rec->step, memory_order_acquire) != next || committed < next ||
+            !atomic_load_explicit(&rec->norm_written, memory_order_acquire) || !all_flags(rec->rank_done, h->gpus))
             break;
-        if (is_val_step(h, next) && atomic_load_explicit(&rec->val_ranks_done, memory_order_acquire) < (uint32_t)h->gpus)
+        if (is_val_step(h, next) && !all_flags(rec->val_done, h->gpus))
             break;
         write_metrics(s, next, rec);
         memset((char *)rec + sizeof rec->step, 0, sizeof *rec - sizeof rec->step);
@@ -230,6 +266,15 @@ static void poll_steps(struct sup *s)
         s->logged = next;
         atomic_store_explicit(&h->metrics_step, next, memory_order_release);
         futex_wake_all(&h->metrics_step);
+        if (h->ckpt_every > 0 && next % h->ckpt_every == 0 && next < (uint32_t)h->job.steps) {
+            if (checkpoint_write(&s->st, next) != 0)
+                fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+            else
+                printf("checkpoint step-%u written\n", next);
+            /* release the optimizers even when writing failed: training goes on, the error is reported */
+            atomic_store_explicit(&h->ckpt_done_step, next, memory_order_release);
+            futex_wake_all(&h->ckpt_done_step);
+        }
     }
     if (s->logged == (uint32_t)h->job.steps && s->state == SUP_RUN)
         transition(s, SUP_FINISHING);
@@ -238,6 +283,43 @@ static void poll_steps(struct sup *s)
 static void on_poll(uv_timer_t *t)
 {
     poll_steps(t->data);
+}
+
+/* Whether master, m and v hold exactly the state after `step`: every chunk at that version and no
+ * update or journaled block of a later one in flight. */
+static bool state_consistent(struct ctl_header *h, uint32_t step)
+{
+    for (int c = 0; c < h->num_chunks; c++) {
+        struct chunk_state *cs = ctl_chunk_state(h, c);
+        if (atomic_load(&cs->version) != step || atomic_load(&cs->upd_step) > step)
+            return false;
+    }
+    for (int k = 0; k < h->optim_procs; k++)
+        if (atomic_load(&ctl_journal(h, k)->state) == JOURNAL_UPDATE)
+            return false;
+    return true;
+}
+
+/* A checkpoint of the last committed step, unless it is already on disk or the state is torn. */
+static void checkpoint_on_stop(struct sup *s)
+{
+    struct ctl_header *h = s->h;
+    uint32_t committed = ctl_committed_step(h);
+    if (committed == 0 || committed <= atomic_load(&h->ckpt_done_step))
+        return;
+    if (!state_consistent(h, committed)) {
+        fprintf(stderr, "slidedp-launch: step %u was partly applied when the job stopped; the newest consistent "
+                        "checkpoint is step-%u on disk\n",
+                committed + 1, atomic_load(&h->ckpt_done_step));
+        return;
+    }
+    if (checkpoint_write(&s->st, committed) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        s->exit_code = 1;
+        return;
+    }
+    atomic_store(&h->ckpt_done_step, committed);
+    printf("checkpoint step-%u written\n", committed);
 }
 
 static void finish(struct sup *s)
@@ -254,15 +336,70 @@ static void finish(struct sup *s)
         } else {
             printf("exported %s\n", dir);
             s->exit_code = 0;
+            checkpoint_on_stop(s);
         }
-    } else if (s->state == SUP_STOPPING || s->state == SUP_DRAINING) {
-        printf("stopped after step %u\n", s->logged);
-        s->exit_code = 130;
+    } else {
+        printf("stopped after step %u\n", ctl_committed_step(s->h));
+        if (s->state != SUP_FAILED)
+            s->exit_code = s->crash_loop ? 1 : 130;
+        checkpoint_on_stop(s);
     }
     uv_close((uv_handle_t *)&s->poll_timer, NULL);
     uv_close((uv_handle_t *)&s->kill_timer, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
+    for (int i = 0; i < s->num_children; i++)
+        uv_close((uv_handle_t *)&s->children[i].restart_timer, NULL);
+}
+
+static int spawn_child(struct sup *s, struct child *c);
+
+static void maybe_finish(struct sup *s)
+{
+    if (s->running == 0 && s->pending_restarts == 0)
+        finish(s);
+}
+
+static void on_restart_timer(uv_timer_t *t)
+{
+    struct child *c = t->data;
+    struct sup *s = c->sup;
+    c->restart_pending = false;
+    s->pending_restarts--;
+    if (s->state == SUP_RUN && spawn_child(s, c) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        transition(s, SUP_FAILED);
+    }
+    maybe_finish(s);
+}
+
+/* A process died while training: repair what it held, fence it out, and start it again after a
+ * backoff; or, when it keeps dying without the job making progress, stop the job. */
+static void handle_crash(struct sup *s, struct child *c)
+{
+    struct ctl_header *h = s->h;
+    struct proc_slot *slot = ctl_proc(h, c->kind, c->index);
+    const char *what = c->kind == PROC_WORKER ? "worker" : "optimizer";
+    if (c->kind == PROC_WORKER)
+        ctl_repair_slots(h, c->index);
+    atomic_fetch_add(&slot->generation, 1);
+    atomic_fetch_add(&slot->restarts, 1);
+    uint32_t committed = ctl_committed_step(h);
+    c->failures = c->failures == 0 || committed > c->committed_at_death ? 1 : c->failures + 1;
+    c->committed_at_death = committed;
+    if (c->failures > MAX_FAILURES_WITHOUT_PROGRESS) {
+        fprintf(stderr, "slidedp-launch: %s %d died %d times without a step completing; stopping the job\n", what,
+                c->index, c->failures);
+        s->crash_loop = true;
+        transition(s, SUP_STOPPING);
+        return;
+    }
+    int delay = RESTART_BACKOFF_MS << (c->failures - 1);
+    fprintf(stderr, "slidedp-launch: restarting %s %d in %d ms (restart %u)\n", what, c->index, delay,
+            atomic_load(&slot->restarts));
+    c->restart_pending = true;
+    s->pending_restarts++;
+    uv_timer_start(&c->restart_timer, on_restart_timer, (uint64_t)delay, 0);
 }
 
 static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
@@ -281,16 +418,43 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
             fprintf(stderr, "slidedp-launch: %s %d died from signal %d\n", what, c->index, term_signal);
         else
             fprintf(stderr, "slidedp-launch: %s %d exited with status %lld\n", what, c->index, (long long)status);
-        transition(s, SUP_FAILED);
+        if (status == 2)
+            transition(s, SUP_FAILED); /* fatal by the exit-code protocol: never restarted */
+        else if (s->state == SUP_RUN)
+            handle_crash(s, c);
+        else if (c->kind == PROC_OPTIM && s->state != SUP_FINISHING)
+            transition(s, SUP_FAILED); /* nobody is left to finish its chunks */
     }
-    if (clean && s->state == SUP_RUN && s->logged < (uint32_t)s->h->job.steps) {
-        /* a worker leaves early only when asked to stop; optimizers only after the last step */
-        poll_steps(s);
-    }
+    poll_steps(s);
     if (s->state == SUP_STOPPING && s->workers_running == 0)
         transition(s, SUP_DRAINING);
-    if (s->running == 0)
-        finish(s);
+    maybe_finish(s);
+}
+
+/* Opens metrics.jsonl for appending after the steps already logged (a resumed or adopted job
+ * keeps its earlier lines and drops any beyond them), or fresh. */
+static int open_metrics(struct sup *s, const char *path)
+{
+    FILE *old = s->logged > 0 ? fopen(path, "r") : NULL;
+    if (old) {
+        char tmp[JOB_PATH_MAX + 40], line[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *out = fopen(tmp, "w");
+        if (!out) {
+            fclose(old);
+            return sd_err("cannot write %s: %s", tmp, strerror(errno));
+        }
+        while (fgets(line, sizeof line, old)) {
+            unsigned step;
+            if (sscanf(line, "{\"step\":%u", &step) == 1 && step <= s->logged && strchr(line, '\n'))
+                fputs(line, out);
+        }
+        fclose(old);
+        if (fclose(out) != 0 || rename(tmp, path) != 0)
+            return sd_err("cannot write %s: %s", path, strerror(errno));
+    }
+    s->metrics = fopen(path, s->logged > 0 ? "a" : "w");
+    return s->metrics ? 0 : sd_err("cannot write %s: %s", path, strerror(errno));
 }
 
 static void on_signal(uv_signal_t *sig, int signum)
@@ -457,10 +621,18 @@ int launch_run(const struct launch_opts *opts)
         return 2;
     }
     s->h = s->st.shm.ctl;
+    if (s->st.adopted) {
+        state_replace_orphans(&s->st);
+        printf("slidedp: adopting the state a dead launcher left: step %u committed, %u logged\n",
+               ctl_committed_step(s->h), atomic_load(&s->h->metrics_step));
+    } else if (s->st.resumed_step > 0) {
+        printf("slidedp: resuming from checkpoint step-%u\n", s->st.resumed_step);
+    }
+    s->logged = s->commits_seen = atomic_load(&s->h->metrics_step);
     char metrics_path[JOB_PATH_MAX + 32];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", job->log_dir);
-    if (fs_mkdir_p(job->log_dir, 0755) != 0 || !(s->metrics = fopen(metrics_path, "w"))) {
-        fprintf(stderr, "slidedp-launch: cannot write %s: %s\n", metrics_path, s->metrics ? "" : strerror(errno));
+    if (fs_mkdir_p(job->log_dir, 0755) != 0 || open_metrics(s, metrics_path) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         state_destroy(&s->st);
         return 2;
     }
@@ -482,6 +654,14 @@ int launch_run(const struct launch_opts *opts)
         struct child *c = &s->children[i];
         c->kind = i < job->gpus ? PROC_WORKER : PROC_OPTIM;
         c->index = i < job->gpus ? i : i - job->gpus;
+        c->sup = s;
+        uv_timer_init(s->loop, &c->restart_timer);
+        c->restart_timer.data = c;
+    }
+    if (s->logged >= (uint32_t)job->steps)
+        transition(s, SUP_FINISHING); /* resumed from the last step: only the export is left */
+    for (int i = 0; i < s->num_children && s->state == SUP_RUN; i++) {
+        struct child *c = &s->children[i];
         if (spawn_child(s, c) != 0) {
             fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
             transition(s, SUP_FAILED);
@@ -489,8 +669,7 @@ int launch_run(const struct launch_opts *opts)
         }
     }
     uv_timer_start(&s->poll_timer, on_poll, POLL_MS, POLL_MS);
-    if (s->running == 0)
-        finish(s);
+    maybe_finish(s);
     uv_run(s->loop, UV_RUN_DEFAULT);
     uv_loop_close(s->loop);
     fclose(s->metrics);

@@ -22,6 +22,9 @@ struct job_state {
     struct shm_region ctl_region, params16_region, master_region, grads_region;
     struct job_shm shm; /* views into the regions above */
     bool created;       /* the shm objects exist and are ours to remove */
+    bool adopted;       /* the state was left by a launcher that died; we continue it */
+    uint32_t resumed_step; /* the disk checkpoint the state was loaded from (0: none) */
+    uint64_t job_hash;
 };
 
 /* Validates the job (model config, data, plan, host memory) and creates and initialises the shared
@@ -29,6 +32,15 @@ struct job_state {
 int state_create(struct job_state *st);
 /* Unmaps and removes the job's shm objects. */
 void state_destroy(struct job_state *st);
+/* Stops any process of a dead launcher that still runs, and frees what they held (adoption). */
+void state_replace_orphans(struct job_state *st);
+
+/* Disk checkpoints (checkpoint.c): step-S/ with the HF weights and the optimizer state. */
+int checkpoint_write(const struct job_state *st, uint32_t step);
+/* The newest complete step-S/ in checkpoint.dir (0 when none). */
+int checkpoint_latest(const struct job_config *job, uint32_t *step);
+/* Loads master, m and v of step-S/ into the state (the layout must match). */
+int checkpoint_load(struct job_state *st, uint32_t step);
 
 /* Writes <dir> as an HF model directory from the master weights (via a temp dir + rename). */
 int state_export(const struct job_state *st, const char *dir);

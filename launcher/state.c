@@ -153,8 +153,10 @@ static int check_host_memory(uint64_t need)
     return 0;
 }
 
-/* Refuses to touch the objects of a job that is running, or that a dead launcher left behind. */
-static int check_no_existing_state(const struct job_state *st)
+/* Looks for the objects of the same job: 0 when there are none, 1 when a dead launcher left a
+ * state of this very configuration behind (to be adopted), -1 (with the reason) when a live job
+ * holds them or they belong to another configuration. */
+static int check_existing_state(const struct job_state *st)
 {
     char name[REGION_NAME_MAX];
     ctl_region_name(st->job_name, "ctl", name, sizeof name);
@@ -162,18 +164,58 @@ static int check_no_existing_state(const struct job_state *st)
         return 0;
     struct shm_region r;
     int pid = 0;
+    bool same = false;
     if (shm_region_attach(&r, name, false) == 0) {
-        const struct ctl_header *h = r.base;
-        if (r.size >= sizeof *h && h->magic == CTL_MAGIC)
-            pid = atomic_load(&((struct ctl_header *)h)->launcher_pid);
+        struct ctl_header *h = r.base;
+        if (r.size >= sizeof *h && h->magic == CTL_MAGIC && h->version == CTL_VERSION) {
+            pid = atomic_load(&h->launcher_pid);
+            same = h->job_hash == st->job_hash;
+        }
         shm_region_detach(&r);
     }
     if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM))
         return sd_err("job %s (log.dir %s) is already running under launcher pid %d", st->job_name, st->job.log_dir,
                       pid);
-    return sd_err("stale shared memory of a dead job is in /dev/shm/slidedp.%s.* (log.dir %s, launcher pid %d "
-                  "gone); remove it with: slidedp-launch --clean %s",
+    if (same)
+        return 1;
+    return sd_err("stale shared memory of a dead job with a different configuration is in /dev/shm/slidedp.%s.* "
+                  "(log.dir %s, launcher pid %d gone); remove it with: slidedp-launch --clean %s",
                   st->job_name, st->job.log_dir, pid, st->job.ini_path);
+}
+
+static int attach_regions(struct job_state *st)
+{
+    char name[REGION_NAME_MAX];
+    const char *what[4] = {"ctl", "params16", "master", "grads"};
+    struct shm_region *regs[4] = {&st->ctl_region, &st->params16_region, &st->master_region, &st->grads_region};
+    for (int i = 0; i < 4; i++) {
+        ctl_region_name(st->job_name, what[i], name, sizeof name);
+        if (shm_region_attach(regs[i], name, true) != 0) {
+            for (int j = 0; j < i; j++)
+                shm_region_detach(regs[j]);
+            return -1;
+        }
+    }
+    st->created = true;
+    return 0;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Identifies the configuration whose state may be adopted after a launcher crash. */
+static uint64_t job_hash(const struct job_state *st)
+{
+    struct job_config job = st->job;
+    memset(job.ini_path, 0, sizeof job.ini_path);
+    uint64_t h = fnv1a(0xcbf29ce484222325ull, &job, sizeof job);
+    h = fnv1a(h, &st->cfg, sizeof st->cfg);
+    return fnv1a(h, &st->plan, sizeof st->plan);
 }
 
 static int create_regions(struct job_state *st, const struct ctl_sizes *sz)
@@ -219,7 +261,10 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->grad_slots = st->plan.grad_slots;
     h->num_tensors = st->lay.num_tensors;
     h->num_chunks = st->lay.num_chunks;
-    h->first_step = 1;
+    h->first_step = (int32_t)st->resumed_step + 1;
+    h->job_hash = st->job_hash;
+    h->keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
+    h->ckpt_every = (uint32_t)st->job.ckpt_every;
     h->total_numel = st->lay.total_numel;
     h->max_chunk_numel = st->lay.max_chunk_numel;
     h->num_params = st->lay.num_params;
@@ -234,6 +279,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->off_doorbells = sz->off_doorbells;
     h->off_procs = sz->off_procs;
     h->off_steps = sz->off_steps;
+    h->off_journals = sz->off_journals;
     h->size = sz->ctl_bytes;
     h->created_ns = clock_ns();
     atomic_store(&h->launcher_pid, (int32_t)getpid());
@@ -251,8 +297,16 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
             ring_init(ctl_ring(h, r, k));
     for (int i = 0; i < h->gpus + h->optim_procs; i++)
         atomic_store(&((struct proc_slot *)((char *)h + h->off_procs))[i].generation, 1);
-    for (uint32_t s = 1; s <= CTL_STEP_RECORDS; s++)
+    uint32_t first = st->resumed_step + 1;
+    for (uint32_t s = first; s < first + CTL_STEP_RECORDS; s++)
         atomic_store(&ctl_step(h, s)->step, s);
+    for (int c = 0; c < st->lay.num_chunks; c++) {
+        atomic_store(&ctl_chunk_state(h, c)->version, st->resumed_step);
+        atomic_store(&ctl_chunk_state(h, c)->reduced_step, st->resumed_step);
+        atomic_store(&ctl_chunk_state(h, c)->prev_version, UINT32_MAX);
+    }
+    atomic_store(&h->metrics_step, st->resumed_step);
+    atomic_store(&h->ckpt_done_step, st->resumed_step);
 }
 
 static void map_views(struct job_state *st)
@@ -265,6 +319,47 @@ static void map_views(struct job_state *st)
     st->shm.exp_avg_sq = st->shm.master + 2 * n;
     st->shm.grad_acc = st->shm.master + 3 * n;
     st->shm.grads = st->grads_region.base;
+}
+
+static bool is_our_child(int pid)
+{
+    char path[64], comm[64] = "";
+    snprintf(path, sizeof path, "/proc/%d/comm", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool ok = fgets(comm, sizeof comm, f) && (!strncmp(comm, "slidedp-worker", 14) || !strncmp(comm, "slidedp-optim", 13));
+    fclose(f);
+    return ok;
+}
+
+void state_replace_orphans(struct job_state *st)
+{
+    struct ctl_header *h = st->shm.ctl;
+    int n = h->gpus + h->optim_procs;
+    struct proc_slot *slots = (struct proc_slot *)((char *)h + h->off_procs);
+    for (int i = 0; i < n; i++) {
+        int pid = atomic_load(&slots[i].pid);
+        /* a new generation fences anything a survivor might still do */
+        atomic_fetch_add(&slots[i].generation, 1);
+        if (pid > 0 && is_our_child(pid))
+            kill(pid, SIGKILL);
+    }
+    for (int tries = 0; tries < 200; tries++) {
+        bool alive = false;
+        for (int i = 0; i < n; i++) {
+            int pid = atomic_load(&slots[i].pid);
+            alive |= pid > 0 && is_our_child(pid);
+        }
+        if (!alive)
+            break;
+        usleep(10000);
+    }
+    for (int r = 0; r < h->gpus; r++)
+        ctl_repair_slots(h, r);
+    atomic_store(&h->launcher_pid, (int32_t)getpid());
+    atomic_store(&h->stop, STOP_NONE);
+    atomic_store(&h->workers_ready, 0);
 }
 
 int state_create(struct job_state *st)
@@ -290,13 +385,34 @@ int state_create(struct job_state *st)
     if (!job->init_random && hf_weights_open(job->model_path, &weights) != 0)
         return -1;
     struct ctl_sizes sz;
+    bool keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
     int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.grad_slots, st->lay.num_tensors,
-                               st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel, &sz);
+                               st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel, keep_prev, &sz);
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
+    st->job_hash = job_hash(st);
+    int existing = rc == 0 ? check_existing_state(st) : -1;
+    if (existing == 1) {
+        hf_weights_close(&weights);
+        if (attach_regions(st) != 0)
+            return -1;
+        map_views(st);
+        if (st->shm.ctl->size != sz.ctl_bytes || st->params16_region.size != sz.params16_bytes ||
+            st->master_region.size != sz.master_bytes || st->grads_region.size != sz.grads_bytes) {
+            st->created = false; /* not ours to remove */
+            state_destroy(st);
+            return sd_err("the shared state of job %s does not match its configuration; remove it with: "
+                          "slidedp-launch --clean %s",
+                          st->job_name, job->ini_path);
+        }
+        st->adopted = true;
+        return 0;
+    }
+    if (existing < 0)
+        rc = -1;
+    if (rc == 0 && job->resume_auto)
+        rc = checkpoint_latest(job, &st->resumed_step);
     if (rc == 0)
         rc = check_host_memory(sz.ctl_bytes + sz.params16_bytes + sz.master_bytes + sz.grads_bytes);
-    if (rc == 0)
-        rc = check_no_existing_state(st);
     if (rc == 0)
         rc = create_regions(st, &sz);
     if (rc != 0) {
@@ -305,6 +421,14 @@ int state_create(struct job_state *st)
     }
     map_views(st);
     fill_ctl(st, &sz);
+    if (st->resumed_step > 0) {
+        hf_weights_close(&weights);
+        if (checkpoint_load(st, st->resumed_step) != 0) {
+            state_destroy(st);
+            return -1;
+        }
+        return init_weights(st, false);
+    }
     if (!job->init_random && hf_weights_load(&weights, &st->lay, st->shm.master) != 0) {
         hf_weights_close(&weights);
         state_destroy(st);

@@ -1,6 +1,13 @@
 /* The optimizer process's loop (see optim.h). Two update modes (DESIGN §5): after the backward,
  * once the global norm is known (needed for clipping; the update then overlaps the next step's
- * forward), or during the backward, each chunk as soon as its gradient is complete. */
+ * forward), or during the backward, each chunk as soon as its gradient is complete.
+ *
+ * Crash safety: every write to master, m, v, params16 and the gradient accumulator goes through a
+ * journaled staging block (shm/ctl.h struct journal), and the progress of the current reduction or
+ * update is kept per chunk, so a restarted optimizer finishes exactly what its predecessor began:
+ * no block is half-written, no micro-batch is added twice, no update is applied twice. Descriptors
+ * are consumed in the order add -> progress -> free the slot (compare-and-swap on its fill
+ * sequence) -> pop, so whichever step a crash interrupts, the restart can tell what is done. */
 #include "optim.h"
 
 #include <math.h>
@@ -9,7 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/bf16.h"
 #include "common/err.h"
+#include "common/fault.h"
 #include "optimizer/adamw.h"
 #include "shm/ctl.h"
 #include "shm/futex.h"
@@ -20,11 +29,14 @@ struct optim {
     struct job_shm shm;
     struct ctl_header *ctl;
     struct proc_slot *slot;
+    struct journal *journal;
+    float *stage_p, *stage_m, *stage_v;
+    uint16_t *stage_p16;
     int index;
     uint32_t generation;
     int *chunks; /* owned, ascending */
     int num_chunks;
-    int total_micro;
+    uint32_t total_micro;
     enum adamw_isa isa;
 };
 
@@ -36,49 +48,62 @@ static void set_phase(struct optim *o, int phase)
 
 static bool torn_down(struct optim *o)
 {
-    return atomic_load(&o->ctl->stop) == 2 || atomic_load(&o->ctl->generation) != o->generation || getppid() == 1;
+    return atomic_load(&o->ctl->stop) == STOP_NOW || atomic_load(&o->slot->generation) != o->generation ||
+           getppid() == 1;
 }
 
-static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
+/* Copies the journaled staging block into place (idempotent: a restart repeats it). */
+static void journal_apply(struct optim *o)
 {
-    struct ctl_header *h = o->ctl;
-    const struct chunk_desc *ch = &ctl_chunks(h)[c];
-    const struct tensor_desc *tensors = ctl_tensors(h);
-    const struct job_config *job = &h->job;
-    uint64_t t0 = clock_ns();
-    set_phase(o, PHASE_UPDATE);
-    struct adamw_step st = {
-        .lr = (float)job_lr_at(job, (int)s),
-        .beta1 = (float)job->beta1,
-        .beta2 = (float)job->beta2,
-        .eps = (float)job->eps,
-        .grad_scale = clip_coef,
-        .step = (int)s,
-    };
-    for (int i = ch->first_tensor; i < ch->first_tensor + ch->num_tensors; i++) {
-        const struct tensor_desc *t = &tensors[i];
-        st.weight_decay = t->decay ? (float)job->weight_decay : 0.0f;
-        size_t off = (size_t)t->offset;
-        adamw_update(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off,
-                     o->shm.grad_acc + off, o->shm.params16 + off, (size_t)t->numel);
-    }
-    struct chunk_state *cs = ctl_chunk_state(h, c);
-    /* release: pairs with the workers' acquire load of version before they read params16 */
-    atomic_store_explicit(&cs->version, s, memory_order_release);
-    futex_wake_all(&cs->version);
-    atomic_fetch_add_explicit(&o->slot->bytes_out, (uint64_t)ch->numel * 2, memory_order_relaxed);
-    atomic_fetch_add_explicit(&o->slot->items, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
-    uint32_t done = atomic_fetch_add_explicit(&h->chunks_updated, 1, memory_order_acq_rel) + 1;
-    if (done == s * (uint32_t)h->num_chunks) {
-        struct step_record *rec = ctl_step(h, s);
-        rec->t_commit_ns = clock_ns();
-        atomic_store_explicit(&rec->committed, 1, memory_order_release);
+    struct journal *j = o->journal;
+    size_t off = j->offset, n = j->n;
+    if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE) {
+        memcpy(o->shm.grad_acc + off, o->stage_p, n * sizeof(float));
+    } else {
+        memcpy(o->shm.master + off, o->stage_p, n * sizeof(float));
+        memcpy(o->shm.exp_avg + off, o->stage_m, n * sizeof(float));
+        memcpy(o->shm.exp_avg_sq + off, o->stage_v, n * sizeof(float));
+        memcpy(o->shm.params16 + off, o->stage_p16, n * sizeof(uint16_t));
     }
 }
 
-/* Adds one micro-batch's gradient of a chunk; finishes the chunk when it was the last. Returns
- * true when the chunk's reduction for the step is complete. */
+static void journal_commit(struct optim *o, int kind, uint32_t chunk, uint32_t step, uint32_t micro, size_t off,
+                           size_t n)
+{
+    struct journal *j = o->journal;
+    j->chunk = chunk;
+    j->step = step;
+    j->micro = micro;
+    j->offset = off;
+    j->n = n;
+    /* release: the staging block and the fields above are complete before the record is valid */
+    atomic_store_explicit(&j->state, (uint32_t)kind, memory_order_release);
+    fault_point(kind == JOURNAL_REDUCE ? "optim_reduce_journaled" : "optim_update_journaled");
+    journal_apply(o);
+}
+
+static void journal_clear(struct optim *o)
+{
+    atomic_store_explicit(&o->journal->state, JOURNAL_EMPTY, memory_order_release);
+}
+
+/* ---- reduction ---- */
+
+/* Frees the slot of a consumed descriptor if it still holds that fill, then pops it. */
+static void release_desc(struct optim *o, struct ring *ring, const struct chunk_desc_msg *d)
+{
+    struct slot_state *ss = ctl_slot(o->ctl, d->rank, d->slot);
+    uint32_t posted = SLOT_WORD(d->seq, SLOT_POSTED);
+    /* release on success: pairs with the worker's acquire load before it refills the slot */
+    if (atomic_compare_exchange_strong_explicit(&ss->state, &posted, SLOT_WORD(d->seq, SLOT_FREE),
+                                                memory_order_release, memory_order_relaxed))
+        futex_wake_all(&ss->state);
+    fault_point("optim_freed");
+    ring_pop(ring);
+}
+
+/* Adds one micro-batch's gradient of a chunk (resuming at red_offset), block by block through the
+ * journal; finishes the chunk when it was the last micro-batch. Returns true in that case. */
 static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
 {
     struct ctl_header *h = o->ctl;
@@ -87,35 +112,121 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     uint64_t t0 = clock_ns();
     set_phase(o, PHASE_REDUCE);
     const float *src = job_grad_slot(&o->shm, d->rank, d->slot);
-    grad_accumulate(o->shm.grad_acc + ch->offset, src, (size_t)ch->numel, d->micro == 0);
-    struct slot_state *ss = ctl_slot(h, d->rank, d->slot);
-    /* release: pairs with the worker's acquire load of the slot state before it overwrites the slot */
-    atomic_store_explicit(&ss->state, SLOT_FREE, memory_order_release);
-    futex_wake_all(&ss->state);
+    size_t numel = (size_t)ch->numel;
+    uint64_t key = micro_key(d->step, d->micro);
+    if (atomic_load_explicit(&cs->red_key, memory_order_acquire) != key) {
+        /* offset first: a crash between the two stores leaves a stale key and a zero offset */
+        atomic_store_explicit(&cs->red_offset, 0, memory_order_release);
+        atomic_store_explicit(&cs->red_key, key, memory_order_release);
+    }
+    for (size_t i = atomic_load_explicit(&cs->red_offset, memory_order_acquire); i < numel; i += JOURNAL_BLOCK) {
+        size_t n = numel - i < JOURNAL_BLOCK ? numel - i : JOURNAL_BLOCK;
+        if (d->micro == 0) {
+            memcpy(o->stage_p, src + i, n * sizeof(float));
+        } else {
+            memcpy(o->stage_p, o->shm.grad_acc + ch->offset + i, n * sizeof(float));
+            grad_accumulate(o->stage_p, src + i, n, 0);
+        }
+        journal_commit(o, JOURNAL_REDUCE, d->chunk, d->step, d->micro, (size_t)ch->offset + i, n);
+        atomic_store_explicit(&cs->red_offset, i + n, memory_order_release);
+        journal_clear(o);
+    }
     atomic_fetch_add_explicit(&o->slot->bytes_in, d->bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
-    uint32_t next = atomic_load_explicit(&cs->next_micro, memory_order_relaxed) + 1;
-    if (next < (uint32_t)o->total_micro) {
-        atomic_store_explicit(&cs->next_micro, next, memory_order_relaxed);
-        return false;
+    fault_point("optim_reduced");
+    bool last = d->micro + 1 == o->total_micro;
+    if (last) {
+        cs->sumsq[d->step & 1] = sumsq_f32(o->shm.grad_acc + ch->offset, numel);
+        /* release: the sumsq above is visible to whoever sees reduced_step reach the step */
+        atomic_store_explicit(&cs->reduced_step, d->step, memory_order_release);
+    } else {
+        atomic_store_explicit(&cs->next_micro, micro_key(d->step, d->micro + 1), memory_order_release);
     }
-    cs->sumsq[d->step & 1] = sumsq_f32(o->shm.grad_acc + ch->offset, (size_t)ch->numel);
-    atomic_store_explicit(&cs->next_micro, 0, memory_order_relaxed);
-    atomic_store_explicit(&cs->reduced_step, d->step, memory_order_release);
-    /* acq_rel: the sumsq store above is visible to whoever sees the count reach the step's total */
-    atomic_fetch_add_explicit(&h->chunks_reduced, 1, memory_order_acq_rel);
-    futex_wake_all(&h->chunks_reduced);
-    return true;
+    if (last) {
+        atomic_fetch_add_explicit(&h->reduce_seq, 1, memory_order_release);
+        futex_wake_all(&h->reduce_seq);
+    }
+    return last;
+}
+
+/* ---- update ---- */
+
+static bool prev_copy_needed(struct optim *o)
+{
+    return o->ctl->keep_prev;
+}
+
+/* AdamW on one chunk for step s, resuming at upd_offset, then publishes version s. */
+static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
+{
+    struct ctl_header *h = o->ctl;
+    const struct chunk_desc *ch = &ctl_chunks(h)[c];
+    struct chunk_state *cs = ctl_chunk_state(h, c);
+    const struct tensor_desc *tensors = ctl_tensors(h);
+    const struct job_config *job = &h->job;
+    if (atomic_load_explicit(&cs->version, memory_order_acquire) >= s)
+        return;
+    uint64_t t0 = clock_ns();
+    set_phase(o, PHASE_UPDATE);
+    if (atomic_load_explicit(&cs->upd_step, memory_order_acquire) != s) {
+        /* A worker redoing this step after a crash may still need version s-1 of this chunk
+         * while later chunks are already updated (update during backward): keep a copy. */
+        if (prev_copy_needed(o)) {
+            memcpy(o->shm.params16_prev + ch->offset, o->shm.params16 + ch->offset, (size_t)ch->numel * 2);
+            atomic_store_explicit(&cs->prev_version, s - 1, memory_order_release);
+        }
+        atomic_store_explicit(&cs->upd_offset, 0, memory_order_relaxed);
+        atomic_store_explicit(&cs->upd_step, s, memory_order_release);
+    }
+    struct adamw_step st = {
+        .lr = (float)job_lr_at(job, (int)s),
+        .beta1 = (float)job->beta1,
+        .beta2 = (float)job->beta2,
+        .eps = (float)job->eps,
+        .grad_scale = clip_coef,
+        .step = (int)s,
+    };
+    uint64_t done = atomic_load_explicit(&cs->upd_offset, memory_order_acquire);
+    for (int ti = ch->first_tensor; ti < ch->first_tensor + ch->num_tensors; ti++) {
+        const struct tensor_desc *t = &tensors[ti];
+        st.weight_decay = t->decay ? (float)job->weight_decay : 0.0f;
+        uint64_t rel = (uint64_t)(t->offset - ch->offset);
+        for (uint64_t i = 0; i < (uint64_t)t->numel; i += JOURNAL_BLOCK) {
+            size_t n = (uint64_t)t->numel - i < JOURNAL_BLOCK ? (size_t)((uint64_t)t->numel - i) : JOURNAL_BLOCK;
+            if (rel + i + n <= done)
+                continue;
+            size_t off = (size_t)t->offset + (size_t)i;
+            memcpy(o->stage_p, o->shm.master + off, n * sizeof(float));
+            memcpy(o->stage_m, o->shm.exp_avg + off, n * sizeof(float));
+            memcpy(o->stage_v, o->shm.exp_avg_sq + off, n * sizeof(float));
+            adamw_update(o->isa, &st, o->stage_p, o->stage_m, o->stage_v, o->shm.grad_acc + off, o->stage_p16, n);
+            journal_commit(o, JOURNAL_UPDATE, (uint32_t)c, s, 0, off, n);
+            atomic_store_explicit(&cs->upd_offset, rel + i + n, memory_order_release);
+            journal_clear(o);
+        }
+    }
+    fault_point("optim_updated");
+    /* release: pairs with the workers' acquire load of version before they read params16 */
+    atomic_store_explicit(&cs->version, s, memory_order_release);
+    futex_wake_all(&cs->version);
+    atomic_fetch_add_explicit(&o->slot->bytes_out, (uint64_t)ch->numel * 2, memory_order_relaxed);
+    atomic_fetch_add_explicit(&o->slot->items, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
 }
 
 /* Drains the rings until every owned chunk's gradient of step s is complete. Returns 1 if the
- * step was abandoned (workers gone before finishing it), 0 when complete. */
+ * step was abandoned (workers gone before finishing it), -1 if torn down, 0 when complete. */
 static int reduce_step(struct optim *o, uint32_t s, bool update_now)
 {
     struct ctl_header *h = o->ctl;
     int remaining = 0;
-    for (int i = 0; i < o->num_chunks; i++)
-        remaining += atomic_load(&ctl_chunk_state(h, o->chunks[i])->reduced_step) < s;
+    for (int i = 0; i < o->num_chunks; i++) {
+        struct chunk_state *cs = ctl_chunk_state(h, o->chunks[i]);
+        if (atomic_load(&cs->reduced_step) < s)
+            remaining++;
+        else if (update_now)
+            update_chunk(o, o->chunks[i], s, 1.0f); /* reduced before a crash, maybe not updated */
+    }
     struct doorbell *db = ctl_doorbell(h, o->index);
     while (remaining > 0) {
         /* acquire: pairs with the workers' release increment after ring_push */
@@ -125,12 +236,17 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
             struct ring *ring = ctl_ring(h, r, o->index);
             struct chunk_desc_msg d;
             while (ring_peek(ring, &d)) {
-                SD_ASSERT(d.step == s && d.kind == DESC_GRAD);
+                SD_ASSERT(d.kind == DESC_GRAD && d.step <= s);
                 struct chunk_state *cs = ctl_chunk_state(h, (int)d.chunk);
-                if (d.micro != atomic_load_explicit(&cs->next_micro, memory_order_relaxed))
+                if (chunk_grad_consumed(cs, d.step, d.micro)) { /* added before a crash; only the release was missing */
+                    release_desc(o, ring, &d);
+                    progressed = true;
+                    continue;
+                }
+                if (d.micro != chunk_next_micro(cs, d.step))
                     break; /* an earlier micro-batch of this chunk is still on its way */
                 bool complete = reduce_one(o, &d);
-                ring_pop(ring);
+                release_desc(o, ring, &d);
                 progressed = true;
                 if (complete) {
                     remaining--;
@@ -147,14 +263,14 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
         atomic_fetch_add_explicit(&o->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
         if (torn_down(o))
             return -1;
-        if (atomic_load(&h->stop) == 3 && atomic_load_explicit(&db->seq, memory_order_acquire) == seen) {
+        if (atomic_load(&h->stop) == STOP_DRAIN && atomic_load_explicit(&db->seq, memory_order_acquire) == seen) {
             /* Workers have all exited and nothing more can arrive: the step cannot complete. */
             bool empty = true;
             for (int r = 0; r < h->gpus; r++)
                 empty &= ring_count(ctl_ring(h, r, o->index)) == 0;
             if (empty) {
                 atomic_store(&h->abandoned_step, s);
-                futex_wake_all(&h->chunks_reduced);
+                futex_wake_all(&h->reduce_seq);
                 return 1;
             }
         }
@@ -162,20 +278,22 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
     return 0;
 }
 
-/* Waits for every chunk's reduction of step s and returns the global L2 norm (chunk order).
- * Returns -1 if the step was abandoned. */
+/* Waits for every chunk's reduction of step s and returns the global L2 norm (chunk order), or -1
+ * if the step was abandoned or the job torn down. */
 static double global_norm(struct optim *o, uint32_t s)
 {
     struct ctl_header *h = o->ctl;
-    uint32_t target = s * (uint32_t)h->num_chunks;
     for (;;) {
-        uint32_t n = atomic_load_explicit(&h->chunks_reduced, memory_order_acquire);
-        if (n >= target)
+        uint32_t seen = atomic_load_explicit(&h->reduce_seq, memory_order_acquire);
+        bool all = true;
+        for (int c = 0; c < h->num_chunks && all; c++)
+            all = atomic_load_explicit(&ctl_chunk_state(h, c)->reduced_step, memory_order_acquire) >= s;
+        if (all)
             break;
         if (atomic_load(&h->abandoned_step) == s)
             return -1;
         set_phase(o, PHASE_WAIT_NORM);
-        futex_wait(&h->chunks_reduced, n, WAIT_SLICE_MS);
+        futex_wait(&h->reduce_seq, seen, WAIT_SLICE_MS);
         if (torn_down(o))
             return -1;
     }
@@ -183,6 +301,43 @@ static double global_norm(struct optim *o, uint32_t s)
     for (int c = 0; c < h->num_chunks; c++)
         total += ctl_chunk_state(h, c)->sumsq[s & 1];
     return sqrt(total);
+}
+
+/* Step s's updates wait until the disk checkpoint of step s-1 (when one is due) is written. */
+static int wait_checkpoint(struct optim *o, uint32_t s)
+{
+    struct ctl_header *h = o->ctl;
+    uint32_t due = s - 1;
+    if (h->ckpt_every == 0 || due == 0 || due % h->ckpt_every != 0)
+        return 0;
+    for (;;) {
+        uint32_t done = atomic_load_explicit(&h->ckpt_done_step, memory_order_acquire);
+        if (done >= due)
+            return 0;
+        set_phase(o, PHASE_WAIT_NORM);
+        futex_wait(&h->ckpt_done_step, done, WAIT_SLICE_MS);
+        if (torn_down(o))
+            return -1;
+    }
+}
+
+/* Finishes a journaled block its predecessor was writing when it died. */
+static void recover_journal(struct optim *o)
+{
+    if (atomic_load_explicit(&o->journal->state, memory_order_acquire) == JOURNAL_EMPTY)
+        return;
+    struct journal *j = o->journal;
+    journal_apply(o);
+    struct chunk_state *cs = ctl_chunk_state(o->ctl, (int)j->chunk);
+    const struct chunk_desc *ch = &ctl_chunks(o->ctl)[j->chunk];
+    uint64_t end = j->offset + j->n - (uint64_t)ch->offset;
+    if (atomic_load(&j->state) == JOURNAL_REDUCE) {
+        if (atomic_load(&cs->red_key) == micro_key(j->step, j->micro))
+            atomic_store(&cs->red_offset, end);
+    } else if (atomic_load(&cs->upd_step) == j->step) {
+        atomic_store(&cs->upd_offset, end);
+    }
+    journal_clear(o);
 }
 
 static int optim_setup(struct optim *o, const struct optim_args *args)
@@ -196,16 +351,24 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     o->index = args->index;
     o->slot = ctl_proc(h, PROC_OPTIM, o->index);
     o->generation = atomic_load(&o->slot->generation);
+    fault_init(atomic_load(&o->slot->restarts));
     atomic_store(&o->slot->pid, (int32_t)getpid());
     set_phase(o, PHASE_STARTING);
-    o->total_micro = h->gpus * h->job.grad_accum;
+    o->journal = ctl_journal(h, o->index);
+    o->stage_p = job_staging(&o->shm, o->index);
+    o->stage_m = o->stage_p + JOURNAL_BLOCK;
+    o->stage_v = o->stage_m + JOURNAL_BLOCK;
+    o->stage_p16 = (uint16_t *)(o->stage_v + JOURNAL_BLOCK);
+    o->total_micro = (uint32_t)(h->gpus * h->job.grad_accum);
     o->isa = adamw_isa_detect();
+    snprintf(o->slot->device_name, sizeof o->slot->device_name, "cpu %s", adamw_isa_name(o->isa));
     o->chunks = malloc(sizeof(int) * (size_t)h->num_chunks);
     if (!o->chunks)
         return sd_err("out of memory");
     for (int c = 0; c < h->num_chunks; c++)
         if (ctl_chunk_state(h, c)->owner == o->index)
             o->chunks[o->num_chunks++] = c;
+    recover_journal(o);
     return 0;
 }
 
@@ -218,10 +381,17 @@ int optim_run(const struct optim_args *args)
         return -1;
     struct ctl_header *h = o->ctl;
     bool during_backward = h->plan.update_mode == UPDATE_DURING_BACKWARD;
-    for (uint32_t s = (uint32_t)h->first_step; s <= (uint32_t)h->job.steps; s++) {
+    /* Resume at the first step one of our chunks has not been updated for. */
+    uint32_t first = UINT32_MAX;
+    for (int i = 0; i < o->num_chunks; i++) {
+        uint32_t v = atomic_load(&ctl_chunk_state(h, o->chunks[i])->version);
+        first = v < first ? v : first;
+    }
+    for (uint32_t s = first + 1; s <= (uint32_t)h->job.steps; s++) {
         atomic_store(&o->slot->step, s);
-        int rc = reduce_step(o, s, during_backward);
-        if (rc != 0)
+        if (during_backward && wait_checkpoint(o, s) != 0)
+            return 0;
+        if (reduce_step(o, s, during_backward) != 0)
             return 0; /* torn down or the step was abandoned: nothing half-done remains */
         double norm = global_norm(o, s);
         if (norm < 0)
@@ -235,9 +405,12 @@ int optim_run(const struct optim_args *args)
             rec->clip_coef = coef;
             atomic_store_explicit(&rec->norm_written, 1, memory_order_release);
         }
-        if (!during_backward)
+        if (!during_backward) {
+            if (wait_checkpoint(o, s) != 0)
+                return 0;
             for (int i = 0; i < o->num_chunks; i++)
                 update_chunk(o, o->chunks[i], s, coef);
+        }
     }
     set_phase(o, PHASE_DONE);
     return 0;

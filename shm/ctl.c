@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "shm/futex.h"
 #include "shm/region.h"
 
 static bool add_ok(uint64_t *acc, uint64_t x)
@@ -33,7 +34,7 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
 }
 
 int ctl_compute_sizes(int gpus, int optim_procs, int grad_slots, int num_tensors, int num_chunks, int64_t total_numel,
-                      int64_t max_chunk_numel, struct ctl_sizes *out)
+                      int64_t max_chunk_numel, bool keep_prev, struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
     if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || grad_slots < 1 || grad_slots >= RING_CAP)
@@ -46,16 +47,41 @@ int ctl_compute_sizes(int gpus, int optim_procs, int grad_slots, int num_tensors
               place(&c, &out->off_slots, (uint64_t)gpus * (uint64_t)grad_slots, sizeof(struct slot_state)) &&
               place(&c, &out->off_doorbells, (uint64_t)optim_procs, sizeof(struct doorbell)) &&
               place(&c, &out->off_procs, (uint64_t)(gpus + optim_procs), sizeof(struct proc_slot)) &&
-              place(&c, &out->off_steps, CTL_STEP_RECORDS, sizeof(struct step_record));
+              place(&c, &out->off_steps, CTL_STEP_RECORDS, sizeof(struct step_record)) &&
+              place(&c, &out->off_journals, (uint64_t)optim_procs, sizeof(struct journal));
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
-    ok = ok && mul_ok((uint64_t)total_numel, 2, &out->params16_bytes) &&
-         mul_ok((uint64_t)total_numel, 16, &out->master_bytes) &&
+    uint64_t staging = (uint64_t)optim_procs * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2) * 4;
+    ok = ok && mul_ok((uint64_t)total_numel, keep_prev ? 4 : 2, &out->params16_bytes) &&
+         mul_ok((uint64_t)total_numel, 16, &out->master_bytes) && add_ok(&out->master_bytes, staging) &&
          mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems) &&
          mul_ok(grads_elems, 4, &out->grads_bytes);
     if (!ok)
         return sd_err("job state size overflows");
     return 0;
+}
+
+void ctl_repair_slots(struct ctl_header *h, int rank)
+{
+    for (int i = 0; i < h->grad_slots; i++) {
+        struct slot_state *ss = ctl_slot(h, rank, i);
+        uint32_t w = atomic_load_explicit(&ss->state, memory_order_acquire);
+        if (SLOT_STATE(w) == SLOT_FREE)
+            continue;
+        bool referenced = false;
+        for (int k = 0; k < h->optim_procs && !referenced && SLOT_STATE(w) == SLOT_POSTED; k++) {
+            struct ring *r = ctl_ring(h, rank, k);
+            uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+            for (uint32_t j = atomic_load_explicit(&r->tail, memory_order_acquire); j != head && !referenced; j++) {
+                const struct chunk_desc_msg *d = &r->elems[j & (RING_CAP - 1)];
+                referenced = d->slot == i && d->seq == SLOT_SEQ(w);
+            }
+        }
+        /* The optimizer frees a consumed slot before popping its descriptor, so a posted slot
+         * with no descriptor was never pushed. CAS: the optimizer may free it concurrently. */
+        if (!referenced && atomic_compare_exchange_strong(&ss->state, &w, SLOT_WORD(SLOT_SEQ(w), SLOT_FREE)))
+            futex_wake_all(&ss->state);
+    }
 }
 
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len)
@@ -94,6 +120,7 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
         if (shm_region_attach(&regs[1], name, (what & JOB_MAP_PARAMS_RW) != 0) != 0)
             goto fail;
         s->params16 = regs[1].base;
+        s->params16_prev = s->ctl->keep_prev ? s->params16 + s->ctl->total_numel : NULL;
     }
     if (what & JOB_MAP_MASTER) {
         ctl_region_name(job_name, "master", name, sizeof name);
@@ -104,6 +131,7 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
         s->exp_avg = s->master + n;
         s->exp_avg_sq = s->master + 2 * n;
         s->grad_acc = s->master + 3 * n;
+        s->staging = s->master + 4 * n;
     }
     if (what & JOB_MAP_GRADS) {
         ctl_region_name(job_name, "grads", name, sizeof name);

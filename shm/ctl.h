@@ -26,6 +26,15 @@
 
 enum proc_kind { PROC_WORKER = 0, PROC_OPTIM = 1 };
 
+/* How the launcher asks the processes to stop (ctl_header.stop). */
+enum stop_level {
+    STOP_NONE = 0,
+    STOP_AT_BOUNDARY = 1, /* workers finish their current step, then exit */
+    STOP_NOW = 2,         /* everyone exits at once (failure, second signal) */
+    STOP_DRAIN = 3,       /* workers are gone: optimizers finish every complete step, then exit */
+    STOP_WORKERS_NOW = 4, /* workers exit at once; optimizers keep going until told to drain */
+};
+
 enum proc_phase {
     PHASE_IDLE = 0,
     PHASE_STARTING,
@@ -79,13 +88,58 @@ struct job_stats {
 struct chunk_state {
     alignas(64) _Atomic uint32_t version; /* updates applied to this chunk of params16 (= its step) */
     _Atomic uint32_t reduced_step;        /* last step whose gradient is fully accumulated */
-    _Atomic uint32_t next_micro;          /* next micro-batch index to add for step reduced_step + 1 */
     int32_t owner;                        /* optimizer process index */
+    _Atomic uint32_t prev_version;        /* version kept in the params16 "prev" copy (update during backward) */
+    _Atomic uint64_t next_micro;          /* (step << 32) | next micro-batch of that step to add */
     double sumsq[2];                      /* squared L2 norm of the reduced gradient, by step parity */
+    /* Progress inside the operation an optimizer is applying, so a restarted one resumes it
+     * exactly (optimizer/optim.c): the micro-batch being added ((step << 32) | micro) and how many
+     * of its elements are in the accumulator; the step being applied and its elements written. */
+    _Atomic uint64_t red_key;
+    _Atomic uint64_t red_offset;
+    _Atomic uint32_t upd_step;
+    _Atomic uint64_t upd_offset;
 };
 
-/* Host gradient slot states (per rank, per slot). */
-enum { SLOT_FREE = 0, SLOT_FULL = 1 };
+static inline uint64_t micro_key(uint32_t step, uint32_t micro)
+{
+    return (uint64_t)step << 32 | micro;
+}
+
+/* The micro-batch of step `step` the chunk's optimizer adds next. */
+static inline uint32_t chunk_next_micro(struct chunk_state *cs, uint32_t step)
+{
+    uint64_t nm = atomic_load_explicit(&cs->next_micro, memory_order_acquire);
+    return (uint32_t)(nm >> 32) == step ? (uint32_t)nm : 0;
+}
+
+/* Whether micro-batch `micro` of step `step` is already in the chunk's accumulator. */
+static inline bool chunk_grad_consumed(struct chunk_state *cs, uint32_t step, uint32_t micro)
+{
+    return atomic_load_explicit(&cs->reduced_step, memory_order_acquire) >= step ||
+           micro < chunk_next_micro(cs, step);
+}
+
+/* One per optimizer process: the block being written back from its staging area (in the master
+ * region). A block is computed into staging, the record is made valid, staging is copied into
+ * place, the progress is advanced, and the record is cleared; a restarted optimizer re-copies a
+ * valid record's block, so no block of master, m, v, params16 or the accumulator is ever left
+ * half-written. */
+enum { JOURNAL_EMPTY = 0, JOURNAL_REDUCE = 1, JOURNAL_UPDATE = 2 };
+#define JOURNAL_BLOCK 8192 /* elements */
+struct journal {
+    alignas(64) _Atomic uint32_t state;
+    uint32_t chunk, step, micro;
+    uint64_t offset;   /* elements from the start of the parameter space */
+    uint64_t n;
+};
+
+/* Host gradient slot states (per rank, per slot): (fill sequence << 2) | state. The sequence
+ * lets an optimizer free exactly the fill it consumed (compare-and-swap), never a later reuse. */
+enum { SLOT_FREE = 0, SLOT_WRITING = 1, SLOT_POSTED = 2 };
+#define SLOT_STATE(w) ((w) & 3u)
+#define SLOT_SEQ(w) ((w) >> 2)
+#define SLOT_WORD(seq, st) (((seq) << 2) | (st))
 struct slot_state {
     alignas(64) _Atomic uint32_t state;
 };
@@ -95,16 +149,22 @@ struct doorbell {
     alignas(64) _Atomic uint32_t seq;
 };
 
+/* A worker's loss over the micro-steps of a step it has fully posted, in two alternating copies:
+ * `done` is cleared before `sum` changes and set after, so a crash leaves one valid copy. */
+struct loss_progress {
+    _Atomic uint32_t done; /* micro-steps included; 0 while being written */
+    double sum;
+};
+
 struct step_record {
-    alignas(64) _Atomic uint32_t step;         /* the step this record holds (0 = unused) */
-    _Atomic uint32_t ranks_done;               /* workers that wrote their loss */
-    _Atomic uint32_t val_ranks_done;           /* workers that wrote their validation sums */
-    _Atomic uint32_t committed;                /* every chunk updated */
+    alignas(64) _Atomic uint32_t step;         /* the step this record holds */
     _Atomic uint32_t norm_written;             /* grad_norm, lr and clip_coef are set */
     int64_t tokens;                            /* unmasked targets in the global batch */
     double grad_norm, lr, clip_coef;
-    uint64_t t_commit_ns;
-    double loss_sum[JOB_MAX_GPUS];
+    _Atomic uint8_t rank_done[JOB_MAX_GPUS];   /* the rank posted every gradient of the step */
+    _Atomic uint8_t val_done[JOB_MAX_GPUS];    /* the rank wrote its validation sums */
+    struct loss_progress loss[JOB_MAX_GPUS][2];
+    double loss_sum[JOB_MAX_GPUS];             /* written before rank_done */
     double val_loss_sum[JOB_MAX_GPUS];
     int64_t val_count[JOB_MAX_GPUS];
     int64_t val_correct[JOB_MAX_GPUS];
@@ -118,8 +178,7 @@ struct ctl_header {
     uint64_t job_hash;              /* identifies the job's configuration across relaunches */
     _Atomic int32_t launcher_pid;
     _Atomic uint32_t generation;    /* bumped on every repair; stale writers are fenced out */
-    _Atomic uint32_t stop;          /* 1: workers finish their step and exit; 3: workers are gone,
-                                       optimizers finish what is complete and exit; 2: exit now */
+    _Atomic uint32_t stop;          /* enum stop_level */
     uint64_t created_ns;
     uint64_t start_ns;
 
@@ -132,27 +191,37 @@ struct ctl_header {
     int32_t first_step;             /* first step this run executes (1, or after a resume) */
     int64_t total_numel, max_chunk_numel, num_params;
     uint64_t params16_bytes, master_bytes, grads_bytes;
+    bool keep_prev;                 /* params16 holds a second "prev" copy (update during backward) */
+    uint32_t ckpt_every;            /* optimizers hold step S+1's updates until checkpoint S is written */
 
     /* offsets from the start of the region */
-    uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps;
+    uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps,
+        off_journals;
     uint64_t size;
 
     struct job_stats stats;
 
-    alignas(64) _Atomic uint32_t chunks_reduced; /* chunk reductions completed, all steps */
-    alignas(64) _Atomic uint32_t chunks_updated; /* chunk updates completed, all steps */
+    alignas(64) _Atomic uint32_t reduce_seq;     /* bumped when a chunk's reduction completes (wake-ups) */
     alignas(64) _Atomic uint32_t metrics_step;   /* last step the launcher has logged */
+    alignas(64) _Atomic uint32_t ckpt_done_step; /* last step whose disk checkpoint is written */
     alignas(64) _Atomic uint32_t workers_ready;  /* workers that finished start-up */
     _Atomic uint32_t abandoned_step;             /* a step that can no longer complete (stop) */
 };
 
 /* Region sizes and offsets for a job shape; overflow-checked. */
 struct ctl_sizes {
-    uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps;
+    uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps,
+        off_journals;
     uint64_t ctl_bytes, params16_bytes, master_bytes, grads_bytes;
 };
+/* keep_prev: params16 gets a second copy for updates during the backward. */
+/* Frees the host gradient slots of a dead worker that no descriptor refers to: slots it was
+ * filling, and filled slots whose descriptor never reached a ring. Call only after the rank's
+ * process has exited. */
+void ctl_repair_slots(struct ctl_header *h, int rank);
+
 int ctl_compute_sizes(int gpus, int optim_procs, int grad_slots, int num_tensors, int num_chunks, int64_t total_numel,
-                      int64_t max_chunk_numel, struct ctl_sizes *out);
+                      int64_t max_chunk_numel, bool keep_prev, struct ctl_sizes *out);
 
 /* Names of the job's shm objects: "/slidedp.<job>.<what>". */
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len);
@@ -192,12 +261,28 @@ static inline struct step_record *ctl_step(struct ctl_header *h, uint32_t step)
 {
     return (struct step_record *)((char *)h + h->off_steps) + (step % CTL_STEP_RECORDS);
 }
+static inline struct journal *ctl_journal(struct ctl_header *h, int optim)
+{
+    return (struct journal *)((char *)h + h->off_journals) + optim;
+}
+/* The lowest published chunk version: every step up to it is committed. */
+static inline uint32_t ctl_committed_step(struct ctl_header *h)
+{
+    uint32_t v = UINT32_MAX;
+    for (int c = 0; c < h->num_chunks; c++) {
+        uint32_t x = atomic_load_explicit(&ctl_chunk_state(h, c)->version, memory_order_acquire);
+        v = x < v ? x : v;
+    }
+    return v;
+}
 
 /* The parts of a job's state a process maps. */
 struct job_shm {
     struct ctl_header *ctl;
     uint16_t *params16;
+    uint16_t *params16_prev;                         /* NULL unless keep_prev */
     float *master, *exp_avg, *exp_avg_sq, *grad_acc; /* each total_numel */
+    float *staging;                                  /* per optimizer: JOURNAL_BLOCK x (3 fp32 + 1 bf16) */
     float *grads;                                    /* gpus * grad_slots * max_chunk_numel */
     void *regions[4];                                /* internal: struct shm_region per object */
 };
@@ -206,6 +291,12 @@ enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MA
 /* Attaches a running job's objects; ctl writable unless ctl_read_only (monitors). */
 int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only);
 void job_shm_detach(struct job_shm *s);
+
+/* The staging block of optimizer k in the master region: p, m, v (fp32) then p16 (bf16). */
+static inline float *job_staging(struct job_shm *s, int optim)
+{
+    return s->staging + (size_t)optim * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2);
+}
 
 static inline float *job_grad_slot(struct job_shm *s, int rank, int slot)
 {

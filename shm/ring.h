@@ -21,7 +21,8 @@ struct chunk_desc_msg {
     uint32_t micro;      /* global micro-batch index a*G + r within the step */
     uint16_t rank;
     uint16_t slot;
-    uint32_t generation; /* the producer's generation; stale ones are fenced out */
+    uint32_t generation; /* the producer's generation */
+    uint32_t seq;        /* fill sequence of the slot (shm/ctl.h slot_state) */
     uint32_t kind;       /* enum desc_kind */
     uint64_t bytes;
 };

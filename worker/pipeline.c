@@ -12,6 +12,7 @@
 
 #include "common/data.h"
 #include "common/err.h"
+#include "common/fault.h"
 #include "shm/futex.h"
 #include "worker/model.h"
 
@@ -41,9 +42,12 @@ struct worker {
 
     int next_grad_slot;
     uint32_t step, micro;  /* descriptor fields of the current micro-batch */
-    bool last_micro;
-    double loss_sum;       /* this rank's masked loss sum over the step */
+    double micro_loss;     /* masked loss sum of the current micro-batch */
     const uint8_t *row_mask_cur;
+    /* After a restart, the micro-batch the previous incarnation may have partly posted: its
+     * chunks that already reached the optimizer are not posted again. */
+    bool recovering;
+    uint32_t recover_step, recover_micro;
 
     struct data_set train, val;
     bool have_val;
@@ -55,7 +59,8 @@ struct worker {
 
 static bool stop_now(struct worker *w)
 {
-    return atomic_load(&w->ctl->stop) >= 2 || atomic_load(&w->ctl->generation) != w->generation ||
+    uint32_t stop = atomic_load(&w->ctl->stop);
+    return stop == STOP_NOW || stop == STOP_WORKERS_NOW || atomic_load(&w->slot->generation) != w->generation ||
            getppid() == 1;
 }
 
@@ -75,15 +80,26 @@ static void bail_if_stopped(struct worker *w)
     }
 }
 
-static void wait_version(struct worker *w, int c)
+/* Where version need of chunk c can be read: params16, or (update during backward) the prev copy
+ * once the chunk's next update has started. Waits until one of them holds it. */
+static const uint16_t *wait_version(struct worker *w, int c)
 {
     struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
     uint64_t t0 = clock_ns();
+    const uint16_t *src = NULL;
     for (;;) {
-        /* acquire: pairs with the optimizer's release store of version after writing params16 */
+        /* acquire: pairs with the optimizer's release stores of version / upd_step */
         uint32_t v = atomic_load_explicit(&cs->version, memory_order_acquire);
-        if (v == w->need_version)
+        if (w->shm.params16_prev && atomic_load_explicit(&cs->upd_step, memory_order_acquire) > w->need_version &&
+            atomic_load_explicit(&cs->prev_version, memory_order_acquire) == w->need_version) {
+            src = w->shm.params16_prev;
             break;
+        }
+        if (v == w->need_version) {
+            src = w->shm.params16;
+            break;
+        }
         if (v > w->need_version) {
             fprintf(stderr, "worker %d: chunk %d is at version %u, past the %u this step needs\n", w->rank, c, v,
                     w->need_version);
@@ -94,6 +110,7 @@ static void wait_version(struct worker *w, int c)
         bail_if_stopped(w);
     }
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
+    return src + ch->offset;
 }
 
 static struct cache_entry *cache_find(struct worker *w, int c)
@@ -119,14 +136,27 @@ static struct cache_entry *cache_victim(struct worker *w)
     return best;
 }
 
-static void cache_fill(struct worker *w, struct cache_entry *e, int c)
+static void cache_fill(struct worker *w, struct cache_entry *e, int c, const uint16_t *src)
 {
     const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
     int slot = (int)(e - w->cache);
     e->chunk = c;
     e->version = w->need_version;
-    w->be.ops->fetch_weights_async(&w->be, slot, e->dev, w->shm.params16 + ch->offset, (size_t)ch->numel);
+    w->be.ops->fetch_weights_async(&w->be, slot, e->dev, src, (size_t)ch->numel);
     atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)ch->numel * 2, memory_order_relaxed);
+}
+
+/* A restarted worker may read a chunk while its next update starts (update during backward);
+ * it checks after the copy and re-reads from the prev copy if the update began meanwhile. */
+static void recheck_torn(struct worker *w, struct cache_entry *e, int c, const uint16_t *src)
+{
+    if (!w->recovering || !w->shm.params16_prev || src >= w->shm.params16_prev)
+        return;
+    w->be.ops->wait_weights(&w->be, (int)(e - w->cache));
+    w->be.ops->synchronize(&w->be);
+    struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
+    if (atomic_load_explicit(&cs->upd_step, memory_order_acquire) > w->need_version)
+        cache_fill(w, e, c, wait_version(w, c));
 }
 
 static const void *io_weights(void *ctx, int c, int next)
@@ -135,21 +165,22 @@ static const void *io_weights(void *ctx, int c, int next)
     atomic_store_explicit(&w->slot->chunk, c, memory_order_relaxed);
     struct cache_entry *e = cache_find(w, c);
     if (!e) {
-        wait_version(w, c);
+        const uint16_t *src = wait_version(w, c);
         e = cache_victim(w);
         SD_ASSERT(e); /* the plan gives at least one buffer more than a pass holds at once */
-        cache_fill(w, e, c);
+        cache_fill(w, e, c, src);
+        recheck_torn(w, e, c, src);
     }
     e->held = true;
     e->last_use = ++w->use_clock;
     w->be.ops->wait_weights(&w->be, (int)(e - w->cache));
     /* Prefetch the next chunk when its version is already published and a buffer is free. */
-    if (next >= 0 && !cache_find(w, next)) {
+    if (next >= 0 && !w->recovering && !cache_find(w, next)) {
         struct chunk_state *cs = ctl_chunk_state(w->ctl, next);
         if (atomic_load_explicit(&cs->version, memory_order_acquire) == w->need_version) {
             struct cache_entry *v = cache_victim(w);
             if (v)
-                cache_fill(w, v, next);
+                cache_fill(w, v, next, w->shm.params16 + ctl_chunks(w->ctl)[next].offset);
         }
     }
     return e->dev;
@@ -163,33 +194,57 @@ static void io_release(void *ctx, int c)
             w->cache[i].held = false;
 }
 
+/* Whether the previous incarnation already posted chunk c of the micro-batch being redone: its
+ * descriptor is in the ring, or the optimizer has consumed it (checked in that order, because
+ * the optimizer advances its progress before it pops). */
+static bool already_posted(struct worker *w, int c, int owner)
+{
+    struct ring *ring = ctl_ring(w->ctl, w->rank, owner);
+    uint32_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
+    uint32_t tail = atomic_load_explicit(&ring->tail, memory_order_acquire);
+    for (uint32_t i = tail; i != head; i++) {
+        const struct chunk_desc_msg *d = &ring->elems[i & (RING_CAP - 1)];
+        if (d->chunk == (uint32_t)c && d->step == w->step && d->micro == w->micro)
+            return true;
+    }
+    return chunk_grad_consumed(ctl_chunk_state(w->ctl, c), w->step, w->micro);
+}
+
 static void io_grads_done(void *ctx, int c, float *grad)
 {
     struct worker *w = ctx;
     struct ctl_header *h = w->ctl;
     const struct chunk_desc *ch = &ctl_chunks(h)[c];
     int owner = ctl_chunk_state(h, c)->owner;
+    if (w->recovering && w->step == w->recover_step && w->micro == w->recover_micro && already_posted(w, c, owner))
+        return;
 
     int si = w->next_grad_slot;
     w->next_grad_slot = (w->next_grad_slot + 1) % h->grad_slots;
     struct slot_state *ss = ctl_slot(h, w->rank, si);
     uint64_t t0 = clock_ns();
+    uint32_t word;
     for (;;) {
-        /* acquire: pairs with the optimizer's release store of SLOT_FREE after it read the slot */
-        uint32_t st = atomic_load_explicit(&ss->state, memory_order_acquire);
-        if (st == SLOT_FREE)
+        /* acquire: pairs with the optimizer's release when it frees the slot after reading it */
+        word = atomic_load_explicit(&ss->state, memory_order_acquire);
+        if (SLOT_STATE(word) == SLOT_FREE)
             break;
         set_phase(w, PHASE_WAIT_SLOT);
-        futex_wait(&ss->state, st, WAIT_SLICE_MS);
+        futex_wait(&ss->state, word, WAIT_SLICE_MS);
         bail_if_stopped(w);
     }
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
     set_phase(w, PHASE_BACKWARD);
 
+    uint32_t seq = (SLOT_SEQ(word) + 1) & 0x3fffffffu;
+    atomic_store_explicit(&ss->state, SLOT_WORD(seq, SLOT_WRITING), memory_order_relaxed);
+    fault_point("worker_slot_writing");
     float *host = job_grad_slot(&w->shm, w->rank, si);
     w->be.ops->send_grads_async(&w->be, si % BE_MAX_XFER_SLOTS, host, grad, (size_t)ch->numel);
     w->be.ops->wait_grads_host(&w->be, si % BE_MAX_XFER_SLOTS);
-    atomic_store_explicit(&ss->state, SLOT_FULL, memory_order_relaxed);
+    fault_point("worker_slot_written");
+    atomic_store_explicit(&ss->state, SLOT_WORD(seq, SLOT_POSTED), memory_order_release);
+    fault_point("worker_slot_posted");
 
     struct chunk_desc_msg msg = {
         .chunk = (uint32_t)c,
@@ -198,12 +253,14 @@ static void io_grads_done(void *ctx, int c, float *grad)
         .rank = (uint16_t)w->rank,
         .slot = (uint16_t)si,
         .generation = w->generation,
+        .seq = seq,
         .kind = DESC_GRAD,
         .bytes = (uint64_t)ch->numel * 4,
     };
     /* The ring has more entries than this rank has slots, so it cannot be full. */
     bool pushed = ring_push(ctl_ring(h, w->rank, owner), &msg);
     SD_ASSERT(pushed);
+    fault_point("worker_pushed");
     struct doorbell *db = ctl_doorbell(h, owner);
     atomic_fetch_add_explicit(&db->seq, 1, memory_order_release);
     futex_wake_all(&db->seq);
@@ -213,16 +270,35 @@ static void io_grads_done(void *ctx, int c, float *grad)
 static void io_loss_done(void *ctx, const float *loss_rows, int n)
 {
     struct worker *w = ctx;
+    w->micro_loss = 0;
     for (int i = 0; i < n; i++)
         if (w->row_mask_cur[i])
-            w->loss_sum += (double)loss_rows[i];
-    if (!w->last_micro)
-        return;
-    /* The loss is complete before the last gradients go out, so a committed step always has it. */
-    struct step_record *rec = ctl_step(w->ctl, w->step);
-    SD_ASSERT(atomic_load(&rec->step) == w->step);
-    rec->loss_sum[w->rank] = w->loss_sum;
-    atomic_fetch_add_explicit(&rec->ranks_done, 1, memory_order_release);
+            w->micro_loss += (double)loss_rows[i];
+}
+
+/* Records that micro-steps [0, done) of step s are posted, with their loss sum (crash-safe). */
+static void save_loss_progress(struct worker *w, uint32_t s, uint32_t done, double sum)
+{
+    struct loss_progress *lp = &ctl_step(w->ctl, s)->loss[w->rank][done & 1];
+    atomic_store_explicit(&lp->done, 0, memory_order_release);
+    lp->sum = sum;
+    atomic_store_explicit(&lp->done, done, memory_order_release);
+}
+
+static uint32_t load_loss_progress(struct worker *w, uint32_t s, double *sum)
+{
+    struct step_record *rec = ctl_step(w->ctl, s);
+    uint32_t best = 0;
+    *sum = 0;
+    for (int i = 0; i < 2; i++) {
+        struct loss_progress *lp = &rec->loss[w->rank][i];
+        uint32_t d = atomic_load_explicit(&lp->done, memory_order_acquire);
+        if (d > best) {
+            best = d;
+            *sum = lp->sum;
+        }
+    }
+    return best;
 }
 
 /* Loads micro-batch rows: sequence indices from the order contract. */
@@ -274,16 +350,23 @@ static int train_step(struct worker *w, uint32_t s)
         return -1;
     if (ntargets == 0)
         return sd_err("step %u has no unmasked targets in its global batch", s);
+    struct step_record *rec = ctl_step(h, s);
+    SD_ASSERT(atomic_load(&rec->step) == s);
     if (w->rank == 0)
-        ctl_step(h, s)->tokens = ntargets;
+        rec->tokens = ntargets;
     struct model_io io = worker_io;
     io.ctx = w;
     w->need_version = s - 1;
-    w->loss_sum = 0;
     w->step = s;
+    double loss_sum;
+    uint32_t first = load_loss_progress(w, s, &loss_sum);
+    if (w->recovering) {
+        w->recover_step = s;
+        w->recover_micro = first * (uint32_t)w->G + (uint32_t)w->rank;
+    }
     int64_t seq_index[4096];
     SD_ASSERT(w->mb <= 4096);
-    for (int a = 0; a < w->A; a++) {
+    for (int a = (int)first; a < w->A; a++) {
         uint64_t t0 = clock_ns();
         for (int i = 0; i < w->mb; i++)
             seq_index[i] = data_seq_index(s, a, w->rank, i, w->A, w->G, w->mb);
@@ -293,13 +376,19 @@ static int train_step(struct worker *w, uint32_t s)
         for (int i = 0; i < n; i++)
             w->row_scale[i] = w->mask[i] ? (float)(1.0 / (double)ntargets) : 0.0f;
         w->micro = (uint32_t)(a * w->G + w->rank);
-        w->last_micro = a == w->A - 1;
         w->row_mask_cur = w->mask;
         set_phase(w, PHASE_FORWARD);
         model_train_step(&w->model, &io, w->tokens, w->targets, w->row_scale, w->loss_rows, NULL);
+        loss_sum += w->micro_loss;
+        save_loss_progress(w, s, (uint32_t)a + 1, loss_sum);
+        w->recovering = false;
         atomic_fetch_add_explicit(&w->slot->items, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&w->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
     }
+    rec->loss_sum[w->rank] = loss_sum;
+    /* release: the loss sum above is visible to the launcher once it sees the flag */
+    atomic_store_explicit(&rec->rank_done[w->rank], 1, memory_order_release);
+    w->recovering = false;
     return 0;
 }
 
@@ -338,7 +427,7 @@ static int eval_step(struct worker *w, uint32_t s)
     rec->val_loss_sum[w->rank] = loss;
     rec->val_count[w->rank] = count;
     rec->val_correct[w->rank] = correct;
-    atomic_fetch_add_explicit(&rec->val_ranks_done, 1, memory_order_release);
+    atomic_store_explicit(&rec->val_done[w->rank], 1, memory_order_release);
     return 0;
 }
 
@@ -363,6 +452,7 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     w->T = h->job.seq_len;
     w->slot = ctl_proc(h, PROC_WORKER, w->rank);
     w->generation = atomic_load(&w->slot->generation);
+    fault_init(atomic_load(&w->slot->restarts));
     atomic_store(&w->slot->pid, (int32_t)getpid());
     set_phase(w, PHASE_STARTING);
 
@@ -422,9 +512,16 @@ int worker_run(const struct worker_args *args)
     if (worker_setup(w, args) != 0)
         return -1;
     struct ctl_header *h = w->ctl;
+    /* A restarted worker resumes at the first uncommitted step; what it already posted there is
+     * recognised and not posted twice. */
+    uint32_t committed = ctl_committed_step(h);
+    w->recovering = atomic_load(&w->slot->restarts) > 0;
     atomic_fetch_add(&h->workers_ready, 1);
-    for (uint32_t s = (uint32_t)h->first_step; s <= (uint32_t)h->job.steps; s++) {
-        if (atomic_load(&h->stop) >= 1)
+    if (committed >= 1 && is_val_step(h, w->have_val, committed) &&
+        !atomic_load(&ctl_step(h, committed)->val_done[w->rank]) && eval_step(w, committed) != 0)
+        return -1;
+    for (uint32_t s = committed + 1; s <= (uint32_t)h->job.steps; s++) {
+        if (atomic_load(&h->stop) != STOP_NONE)
             break;
         /* Never run more than half the step records ahead of the launcher's logging. */
         for (;;) {
@@ -435,9 +532,10 @@ int worker_run(const struct worker_args *args)
             bail_if_stopped(w);
         }
         atomic_store(&w->slot->step, s);
-        if (train_step(w, s) != 0)
+        struct step_record *rec = ctl_step(h, s);
+        if (!atomic_load_explicit(&rec->rank_done[w->rank], memory_order_acquire) && train_step(w, s) != 0)
             return -1;
-        if (is_val_step(h, w->have_val, s) && eval_step(w, s) != 0)
+        if (is_val_step(h, w->have_val, s) && !atomic_load(&rec->val_done[w->rank]) && eval_step(w, s) != 0)
             return -1;
     }
     set_phase(w, PHASE_DONE);
