@@ -124,6 +124,11 @@ struct backend_ops {
      * gradient). Targets are always valid token ids. */
     void (*cross_entropy)(struct backend *be, void *logits, float *loss_rows, int32_t *correct, const int32_t *targets,
                           const float *row_scale, int n, int V);
+
+    /* ---- capabilities ---- */
+    /* Optional (NULL: every head_dim): whether attention_fwd/bwd accept this head_dim. A backend
+     * with fixed kernel shapes says so here instead of failing inside the op. */
+    bool (*attention_supports)(struct backend *be, int head_dim);
 };
 
 struct backend {
