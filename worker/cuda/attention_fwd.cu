@@ -1,0 +1,206 @@
+/* Causal flash-attention forward of the CUDA backend (FlashAttention-2 scheme) with grouped KV
+ * heads: one block of 4 warps per (batch, query head, 128-row query tile), each warp owning 32
+ * query rows; 64-key tiles stream through double-buffered shared memory (cp.async), S = QK^T and
+ * O += PV on mma.sync m16n8k16 bf16 tensor cores with an online softmax in fp32 (log2 domain).
+ * Writes out (bf16) and lse (fp32, natural log); nothing of size (T,T) is stored. */
+#include "attention_common.cuh"
+
+#define FWD_BM 128 /* query rows per block */
+#define FWD_BN 64  /* keys per tile */
+#define FWD_THREADS 128
+#define FWD_MT 2   /* 16-row m-tiles per warp */
+#define LN2 0.69314718055994531f
+#define LOG2E 1.4426950408889634f
+
+template <int D>
+__global__ void __launch_bounds__(FWD_THREADS, 2)
+    attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int Hq, int Hkv,
+                    float scale_log2)
+{
+    constexpr int LD = att_dims<D>::LD, KT = att_dims<D>::KT, DT = att_dims<D>::DT, NT = FWD_BN / 8;
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16 *sQ = reinterpret_cast<bf16 *>(att_smem), *sK = sQ + FWD_BM * LD, *sV = sK + 2 * FWD_BN * LD;
+
+    int b = blockIdx.x / Hq, h = blockIdx.x % Hq, hk = h / (Hq / Hkv);
+    int q0 = (gridDim.y - 1 - blockIdx.y) * FWD_BM; /* the longest rows start first */
+    size_t qs = (size_t)Hq * D, ks = (size_t)Hkv * D;
+    const bf16 *qb = q + (size_t)b * T * qs + (size_t)h * D;
+    const bf16 *kb = k + (size_t)b * T * ks + (size_t)hk * D, *vb = v + (size_t)b * T * ks + (size_t)hk * D;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
+    int wr = warp * 16 * FWD_MT, wrow0 = q0 + wr; /* this warp's rows */
+    int nkt = (min(T, q0 + FWD_BM) + FWD_BN - 1) / FWD_BN;
+
+    load_tile<FWD_BM, D, FWD_THREADS>(sQ, qb, q0, T, qs);
+    load_tile<FWD_BN, D, FWD_THREADS>(sK, kb, 0, T, ks);
+    load_tile<FWD_BN, D, FWD_THREADS>(sV, vb, 0, T, ks);
+    cp_async_commit();
+
+    float o[FWD_MT][DT][4] = {};
+    float m[FWD_MT][2], l[FWD_MT][2];
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            m[mt][r] = -INFINITY;
+            l[mt][r] = 0.0f;
+        }
+
+    for (int j = 0; j < nkt; j++) {
+        int buf = j & 1;
+        if (j + 1 < nkt) {
+            load_tile<FWD_BN, D, FWD_THREADS>(sK + (buf ^ 1) * FWD_BN * LD, kb, (j + 1) * FWD_BN, T, ks);
+            load_tile<FWD_BN, D, FWD_THREADS>(sV + (buf ^ 1) * FWD_BN * LD, vb, (j + 1) * FWD_BN, T, ks);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *sKb = sK + buf * FWD_BN * LD, *sVb = sV + buf * FWD_BN * LD;
+        int k0 = j * FWD_BN;
+        /* Tile 0 holds key 0, which every row sees, so each row's max is finite from the start. */
+        if (k0 <= wrow0 + 16 * FWD_MT - 1) {
+            float s[FWD_MT][NT][4] = {};
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t a[FWD_MT][4];
+#pragma unroll
+                for (int mt = 0; mt < FWD_MT; mt++)
+                    load_a<LD>(a[mt], sQ, wr + mt * 16, kk * 16, lane);
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t bb[4];
+                    load_b<LD>(bb, sKb, np * 16, kk * 16, lane);
+#pragma unroll
+                    for (int mt = 0; mt < FWD_MT; mt++) {
+                        mma_bf16(s[mt][2 * np], a[mt], bb[0], bb[1]);
+                        mma_bf16(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                    }
+                }
+            }
+            bool need_mask = k0 + FWD_BN - 1 > wrow0;
+#pragma unroll
+            for (int mt = 0; mt < FWD_MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = s[mt][nt][e] * scale_log2;
+                        if (need_mask && k0 + nt * 8 + 2 * tq + (e & 1) > wrow0 + mt * 16 + g + (e >> 1) * 8)
+                            x = -INFINITY;
+                        s[mt][nt][e] = x;
+                    }
+#pragma unroll
+            for (int mt = 0; mt < FWD_MT; mt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+                        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    float mnew = fmaxf(m[mt][r], mx);
+                    float alpha = exp2_approx(m[mt][r] - mnew);
+                    m[mt][r] = mnew;
+                    float rs = 0.0f;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 2 * r; e < 2 * r + 2; e++) {
+                            float p = exp2_approx(s[mt][nt][e] - mnew);
+                            s[mt][nt][e] = p;
+                            rs += p;
+                        }
+                    l[mt][r] = l[mt][r] * alpha + rs; /* a thread's partial sum; the quad adds up at the end */
+#pragma unroll
+                    for (int dt = 0; dt < DT; dt++) {
+                        o[mt][dt][2 * r] *= alpha;
+                        o[mt][dt][2 * r + 1] *= alpha;
+                    }
+                }
+#pragma unroll
+            for (int kk = 0; kk < FWD_BN / 16; kk++) {
+                uint32_t pa[FWD_MT][4];
+#pragma unroll
+                for (int mt = 0; mt < FWD_MT; mt++)
+                    c_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+                for (int dp = 0; dp < DT / 2; dp++) {
+                    uint32_t bb[4];
+                    load_b_trans<LD>(bb, sVb, kk * 16, dp * 16, lane);
+#pragma unroll
+                    for (int mt = 0; mt < FWD_MT; mt++) {
+                        mma_bf16(o[mt][2 * dp], pa[mt], bb[0], bb[1]);
+                        mma_bf16(o[mt][2 * dp + 1], pa[mt], bb[2], bb[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float lt = l[mt][r];
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            int row = wrow0 + mt * 16 + g + r * 8;
+            if (row < T) {
+                float inv = 1.0f / lt;
+                bf16 *orow = out + ((size_t)b * T + row) * qs + (size_t)h * D;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<uint32_t *>(orow + dt * 8 + 2 * tq) =
+                        pack_bf16(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+                if (tq == 0)
+                    lse[((size_t)b * Hq + h) * T + row] = (m[mt][r] + log2f(lt)) * LN2;
+            }
+        }
+}
+
+template <int D>
+static void fwd_launch(cudaStream_t st, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B,
+                       int T, int Hq, int Hkv)
+{
+    size_t smem = (size_t)(FWD_BM + 4 * FWD_BN) * att_dims<D>::LD * sizeof(bf16);
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)(B * Hq), (unsigned)((T + FWD_BM - 1) / FWD_BM));
+    float scale_log2 = LOG2E / sqrtf((float)D);
+    attn_fwd_kernel<D><<<grid, FWD_THREADS, smem, st>>>(out, lse, q, k, v, T, Hq, Hkv, scale_log2);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+bool att_supported_dim(int D)
+{
+    return D == 16 || D == 32 || D == 64 || D == 128;
+}
+
+bool cuda_attention_supports(struct backend *be, int D)
+{
+    return att_supported_dim(D);
+}
+
+void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                        int T, int Hq, int Hkv, int D)
+{
+    if (B == 0 || T == 0)
+        return;
+    if (!att_supported_dim(D)) {
+        fprintf(stderr, "cuda attention: head_dim %d is not supported (16, 32, 64, 128)\n", D);
+        abort();
+    }
+    SD_ASSERT(Hkv > 0 && Hq % Hkv == 0);
+    SD_ASSERT(cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
+    cudaStream_t st = cuda_ctx_of(be)->compute;
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    switch (D) {
+    case 16: fwd_launch<16>(st, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
+    case 32: fwd_launch<32>(st, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
+    case 64: fwd_launch<64>(st, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
+    default: fwd_launch<128>(st, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
+    }
+}

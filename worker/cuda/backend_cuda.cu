@@ -1,0 +1,349 @@
+/* The CUDA backend (worker/backend.h): device memory under a byte budget, one compute stream and
+ * two copy streams ordered by events, and the op table whose kernels live in the other files of
+ * worker/cuda/. Used by slidedp-worker with --device cuda, by the op-parity test and the benches. */
+#include "cuda_common.cuh"
+
+#include <string.h>
+
+#define STAGE_FLOATS ((size_t)4 << 20) /* 16 MiB of fp32 staging for conversions */
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+/* ---- memory: every byte is counted against the budget ---- */
+
+static void *budget_alloc(struct cuda_ctx *cx, size_t bytes, const char *what)
+{
+    size_t want = bytes ? (bytes + 255) & ~(size_t)255 : 256;
+    if (cx->used + want > cx->budget) {
+        sd_err("cuda backend: %s of %zu bytes exceeds the device memory budget (%zu of %zu bytes in use)", what,
+               bytes, cx->used, cx->budget);
+        return NULL;
+    }
+    if (cx->nallocs == cx->cap_allocs) {
+        size_t cap = cx->cap_allocs ? 2 * cx->cap_allocs : 256;
+        struct cuda_alloc *a = (struct cuda_alloc *)realloc(cx->allocs, cap * sizeof *a);
+        if (!a) {
+            sd_err("cuda backend: out of host memory");
+            return NULL;
+        }
+        cx->allocs = a;
+        cx->cap_allocs = cap;
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, want);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        sd_err("cuda backend: %s of %zu bytes: cudaMalloc: %s (budget %zu, %zu in use)", what, bytes,
+               cudaGetErrorString(e), cx->budget, cx->used);
+        return NULL;
+    }
+    cx->allocs[cx->nallocs++] = (struct cuda_alloc){p, want};
+    cx->used += want;
+    return p;
+}
+
+static void budget_free(struct cuda_ctx *cx, void *p)
+{
+    if (!p)
+        return;
+    for (size_t i = cx->nallocs; i-- > 0;)
+        if (cx->allocs[i].p == p) {
+            cx->used -= cx->allocs[i].bytes;
+            cx->allocs[i] = cx->allocs[--cx->nallocs];
+            CUDA_CHECK(cudaFree(p));
+            return;
+        }
+    fprintf(stderr, "cuda backend: free of %p, which alloc did not return\n", p);
+    abort();
+}
+
+void *cuda_scratch(struct backend *be, size_t bytes)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    if (bytes <= cx->scratch_bytes)
+        return cx->scratch;
+    /* cudaFree waits for the device, so queued ops that used the old scratch have finished. */
+    budget_free(cx, cx->scratch);
+    cx->scratch_bytes = 0;
+    cx->scratch = budget_alloc(cx, bytes, "op scratch");
+    if (!cx->scratch) {
+        fprintf(stderr, "%s\n", sd_errmsg());
+        abort();
+    }
+    cx->scratch_bytes = bytes;
+    return cx->scratch;
+}
+
+static void *cu_alloc(struct backend *be, size_t bytes)
+{
+    return budget_alloc(cuda_ctx_of(be), bytes, "alloc");
+}
+
+static void cu_free(struct backend *be, void *p)
+{
+    budget_free(cuda_ctx_of(be), p);
+}
+
+static void cu_memset0(struct backend *be, void *p, size_t bytes)
+{
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_ctx_of(be)->compute));
+}
+
+static void cu_synchronize(struct backend *be)
+{
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+/* Synchronous copies run after everything queued on the compute stream. */
+static void cu_upload(struct backend *be, void *dst, const void *src_host, size_t bytes)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, cx->compute));
+    CUDA_CHECK(cudaStreamSynchronize(cx->compute));
+}
+
+static void cu_download(struct backend *be, void *dst_host, const void *src, size_t bytes)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, cx->compute));
+    CUDA_CHECK(cudaStreamSynchronize(cx->compute));
+}
+
+/* Conversions run on the device through the fp32 staging buffer, a piece at a time. */
+static void cu_upload_f32(struct backend *be, void *dst, enum be_dtype dst_type, const float *src_host, size_t n)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    if (dst_type == BE_F32) {
+        cu_upload(be, dst, src_host, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i += cx->stage_n) {
+        size_t m = n - i < cx->stage_n ? n - i : cx->stage_n;
+        CUDA_CHECK(cudaMemcpyAsync(cx->stage, src_host + i, m * sizeof(float), cudaMemcpyHostToDevice, cx->compute));
+        cuda_convert_f32_to_bf16(cx->compute, (bf16 *)dst + i, cx->stage, m);
+        CUDA_CHECK(cudaStreamSynchronize(cx->compute));
+    }
+}
+
+static void cu_download_f32(struct backend *be, float *dst_host, const void *src, enum be_dtype src_type, size_t n)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    if (src_type == BE_F32) {
+        cu_download(be, dst_host, src, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i += cx->stage_n) {
+        size_t m = n - i < cx->stage_n ? n - i : cx->stage_n;
+        cuda_convert_bf16_to_f32(cx->compute, cx->stage, (const bf16 *)src + i, m);
+        CUDA_CHECK(cudaMemcpyAsync(dst_host + i, cx->stage, m * sizeof(float), cudaMemcpyDeviceToHost, cx->compute));
+        CUDA_CHECK(cudaStreamSynchronize(cx->compute));
+    }
+}
+
+/* ---- streaming (DESIGN §5) ---- */
+
+static int cu_register_host(struct backend *be, void *p, size_t bytes, bool read_only)
+{
+    unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0);
+    cudaError_t e = cudaHostRegister(p, bytes, flags);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return sd_err("cuda backend: cudaHostRegister of %zu bytes%s: %s", bytes, read_only ? " (read-only)" : "",
+                      cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+static void cu_unregister_host(struct backend *be, void *p)
+{
+    CUDA_CHECK(cudaHostUnregister(p));
+}
+
+static void cu_fetch_weights_async(struct backend *be, int slot, void *dst, const uint16_t *src_host, size_t n)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    /* Compute queued so far may still read the buffer being overwritten. */
+    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(cx->h2d, cx->compute_mark, 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n * sizeof(uint16_t), cudaMemcpyHostToDevice, cx->h2d));
+    CUDA_CHECK(cudaEventRecord(cx->h2d_done[slot], cx->h2d));
+}
+
+static void cu_wait_weights(struct backend *be, int slot)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    CUDA_CHECK(cudaStreamWaitEvent(cx->compute, cx->h2d_done[slot], 0));
+}
+
+static void cu_send_grads_async(struct backend *be, int slot, float *dst_host, const float *src, size_t n)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(cx->d2h, cx->compute_mark, 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst_host, src, n * sizeof(float), cudaMemcpyDeviceToHost, cx->d2h));
+    CUDA_CHECK(cudaEventRecord(cx->d2h_done[slot], cx->d2h));
+}
+
+static void cu_wait_grads_host(struct backend *be, int slot)
+{
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    CUDA_CHECK(cudaEventSynchronize(cuda_ctx_of(be)->d2h_done[slot]));
+}
+
+static const struct backend_ops cuda_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .memset0 = cu_memset0,
+    .upload = cu_upload,
+    .download = cu_download,
+    .upload_f32 = cu_upload_f32,
+    .download_f32 = cu_download_f32,
+    .synchronize = cu_synchronize,
+    .register_host = cu_register_host,
+    .unregister_host = cu_unregister_host,
+    .fetch_weights_async = cu_fetch_weights_async,
+    .wait_weights = cu_wait_weights,
+    .send_grads_async = cu_send_grads_async,
+    .wait_grads_host = cu_wait_grads_host,
+    .embedding_fwd = cuda_embedding_fwd,
+    .embedding_bwd = cuda_embedding_bwd,
+    .rmsnorm_fwd = cuda_rmsnorm_fwd,
+    .rmsnorm_bwd = cuda_rmsnorm_bwd,
+    .matmul_fwd = cuda_matmul_fwd,
+    .matmul_bwd = cuda_matmul_bwd,
+    .rope_fwd = cuda_rope_fwd,
+    .rope_bwd = cuda_rope_bwd,
+    .attention_fwd = cuda_attention_fwd,
+    .attention_bwd = cuda_attention_bwd,
+    .swiglu_fwd = cuda_swiglu_fwd,
+    .swiglu_bwd = cuda_swiglu_bwd,
+    .add_inplace = cuda_add_inplace,
+    .cross_entropy = cuda_cross_entropy,
+    .attention_supports = cuda_attention_supports,
+};
+
+/* Dense bf16 tensor-core peak by chip: Hopper SXM 989 TFLOP/s, A100 312; otherwise an estimate from
+ * the clock and the multiprocessors (1024 bf16 FMA per SM per clock on Ampere and later). */
+static double peak_bf16(const cudaDeviceProp *p, int clock_khz)
+{
+    if (p->major == 9)
+        return 989e12;
+    if (p->major == 8 && p->minor == 0)
+        return 312e12;
+    return 2.0 * 1024.0 * p->multiProcessorCount * clock_khz * 1e3;
+}
+
+static void ctx_destroy(struct cuda_ctx *cx)
+{
+    while (cx->nallocs)
+        budget_free(cx, cx->allocs[cx->nallocs - 1].p);
+    free(cx->allocs);
+    if (cx->lt)
+        cublasLtDestroy(cx->lt);
+    if (cx->cublas)
+        cublasDestroy(cx->cublas);
+    for (int i = 0; i < BE_MAX_XFER_SLOTS; i++) {
+        if (cx->h2d_done[i])
+            cudaEventDestroy(cx->h2d_done[i]);
+        if (cx->d2h_done[i])
+            cudaEventDestroy(cx->d2h_done[i]);
+    }
+    if (cx->compute_mark)
+        cudaEventDestroy(cx->compute_mark);
+    cudaStream_t streams[] = {cx->compute, cx->h2d, cx->d2h};
+    for (int i = 0; i < 3; i++)
+        if (streams[i])
+            cudaStreamDestroy(streams[i]);
+    free(cx);
+}
+
+#define INIT_TRY(call)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            cudaGetLastError();                                                                    \
+            ctx_destroy(cx);                                                                       \
+            return sd_err("cuda backend: %s: %s", #call, cudaGetErrorString(e_));                  \
+        }                                                                                          \
+    } while (0)
+
+extern "C" int backend_cuda_init(struct backend *be, int device, size_t mem_budget)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return sd_err("cuda backend: no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    }
+    if (device < 0 || device >= count)
+        return sd_err("cuda backend: device %d does not exist (%d found)", device, count);
+    struct cuda_ctx *cx = (struct cuda_ctx *)calloc(1, sizeof *cx);
+    if (!cx)
+        return sd_err("cuda backend: out of host memory");
+    cx->device = device;
+    INIT_TRY(cudaSetDevice(device));
+    cudaDeviceProp prop;
+    INIT_TRY(cudaGetDeviceProperties(&prop, device));
+    int clock_khz = 0;
+    INIT_TRY(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+    if (prop.major < 8) {
+        ctx_destroy(cx);
+        return sd_err("cuda backend: %s is compute capability %d.%d; bf16 tensor cores need 8.0 or later", prop.name,
+                      prop.major, prop.minor);
+    }
+    cx->num_sms = prop.multiProcessorCount;
+    size_t free_b = 0, total_b = 0;
+    INIT_TRY(cudaMemGetInfo(&free_b, &total_b));
+    cx->budget = mem_budget ? mem_budget : free_b;
+    if (cx->budget > free_b) {
+        ctx_destroy(cx);
+        return sd_err("cuda backend: budget of %zu bytes exceeds the %zu bytes free on %s", mem_budget, free_b,
+                      prop.name);
+    }
+    INIT_TRY(cudaStreamCreateWithFlags(&cx->compute, cudaStreamNonBlocking));
+    INIT_TRY(cudaStreamCreateWithFlags(&cx->h2d, cudaStreamNonBlocking));
+    INIT_TRY(cudaStreamCreateWithFlags(&cx->d2h, cudaStreamNonBlocking));
+    INIT_TRY(cudaEventCreateWithFlags(&cx->compute_mark, cudaEventDisableTiming));
+    for (int i = 0; i < BE_MAX_XFER_SLOTS; i++) {
+        INIT_TRY(cudaEventCreateWithFlags(&cx->h2d_done[i], cudaEventDisableTiming));
+        INIT_TRY(cudaEventCreateWithFlags(&cx->d2h_done[i], cudaEventDisableTiming));
+    }
+    if (cublasLtCreate(&cx->lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&cx->cublas) != CUBLAS_STATUS_SUCCESS) {
+        ctx_destroy(cx);
+        return sd_err("cuda backend: cuBLAS handle creation failed");
+    }
+    cx->lt_ws = budget_alloc(cx, LT_WORKSPACE, "cuBLASLt workspace");
+    cx->stage = (float *)budget_alloc(cx, STAGE_FLOATS * sizeof(float), "conversion staging");
+    if (!cx->lt_ws || !cx->stage) {
+        ctx_destroy(cx);
+        return -1;
+    }
+    if (cublasSetStream(cx->cublas, cx->compute) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(cx->cublas, cx->lt_ws, LT_WORKSPACE) != CUBLAS_STATUS_SUCCESS) {
+        ctx_destroy(cx);
+        return sd_err("cuda backend: cuBLAS stream/workspace setup failed");
+    }
+    cx->lt_ws_bytes = LT_WORKSPACE;
+    cx->stage_n = STAGE_FLOATS;
+
+    be->ops = &cuda_ops;
+    be->ctx = cx;
+    be->act_dtype = BE_BF16;
+    be->weight_dtype = BE_BF16;
+    snprintf(be->device_name, sizeof be->device_name, "%.63s", prop.name);
+    be->peak_flops = peak_bf16(&prop, clock_khz);
+    return 0;
+}
+
+extern "C" void backend_cuda_free(struct backend *be)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    if (cx) {
+        cudaDeviceSynchronize();
+        ctx_destroy(cx);
+    }
+    memset(be, 0, sizeof *be);
+}
