@@ -3,8 +3,9 @@
  * on the CPU backend from the same random inputs; outputs are compared by normalised error
  * ||a-b||/||b|| with NaN/inf checks, every buffer carries guard sentinels on both sides, and
  * inputs must come back unchanged. The candidate is the CUDA backend when it is built and a GPU
- * is present; a second CPU backend instance always runs too and must match exactly. A new op
- * comes with its cases in this table. */
+ * is present (it must also repeat itself bit for bit, except the atomics of embedding_bwd, and
+ * cases it declares unsupported are skipped by name); a second CPU backend instance always runs
+ * too and must match exactly. A new op comes with its cases in this table. */
 #include "tests/testutil.h"
 
 #include "common/bf16.h"
@@ -62,30 +63,39 @@ static const struct bo_case cases[] = {
     {OP_EMBEDDING_FWD, .N = 64, .C = 256, .V = 1000},
     {OP_EMBEDDING_BWD, .N = 7, .C = 33, .V = 5}, /* few rows: repeated tokens collide */
     {OP_EMBEDDING_BWD, .N = 300, .C = 128, .V = 17},
+    {OP_EMBEDDING_BWD, .N = 64, .C = 2048, .V = 40},
 
     {OP_RMSNORM_FWD, .N = 3, .C = 5},
     {OP_RMSNORM_FWD, .N = 17, .C = 96},
     {OP_RMSNORM_FWD, .N = 64, .C = 1024},
+    {OP_RMSNORM_FWD, .N = 4096, .C = 128}, /* per-head q/k norm rows */
     {OP_RMSNORM_BWD, .N = 3, .C = 5},
     {OP_RMSNORM_BWD, .N = 17, .C = 96, .accumulate = true},
     {OP_RMSNORM_BWD, .N = 64, .C = 1024},
     {OP_RMSNORM_BWD, .N = 64, .C = 1024, .accumulate = true},
+    {OP_RMSNORM_BWD, .N = 4096, .C = 128},
+    {OP_RMSNORM_BWD, .N = 33, .C = 2050, .accumulate = true},
 
     {OP_MATMUL_FWD, .N = 3, .IC = 5, .OC = 7},
     {OP_MATMUL_FWD, .N = 17, .IC = 64, .OC = 33, .bias = true},
     {OP_MATMUL_FWD, .N = 128, .IC = 256, .OC = 96},
     {OP_MATMUL_FWD, .N = 300, .IC = 128, .OC = 384, .bias = true},
+    {OP_MATMUL_FWD, .N = 1000, .IC = 512, .OC = 1536},
     {OP_MATMUL_BWD, .N = 3, .IC = 5, .OC = 7},
     {OP_MATMUL_BWD, .N = 17, .IC = 64, .OC = 33, .bias = true, .accumulate = true},
     {OP_MATMUL_BWD, .N = 128, .IC = 256, .OC = 96, .no_dinp = true},
     {OP_MATMUL_BWD, .N = 300, .IC = 128, .OC = 384, .bias = true},
+    {OP_MATMUL_BWD, .N = 257, .IC = 96, .OC = 160, .bias = true, .accumulate = true},
+    {OP_MATMUL_BWD, .N = 1000, .IC = 512, .OC = 1536},
 
     {OP_ROPE_FWD, .B = 2, .T = 7, .H = 3, .D = 8},
     {OP_ROPE_FWD, .B = 1, .T = 300, .H = 4, .D = 64},
     {OP_ROPE_FWD, .B = 2, .T = 33, .H = 2, .D = 128},
+    {OP_ROPE_FWD, .B = 1, .T = 5, .H = 3, .D = 12},
     {OP_ROPE_BWD, .B = 2, .T = 7, .H = 3, .D = 8},
     {OP_ROPE_BWD, .B = 1, .T = 300, .H = 4, .D = 64},
     {OP_ROPE_BWD, .B = 2, .T = 33, .H = 2, .D = 128},
+    {OP_ROPE_BWD, .B = 1, .T = 5, .H = 3, .D = 12},
 
     {OP_ATTENTION_FWD, .B = 2, .T = 7, .H = 4, .Hkv = 4, .D = 8},
     {OP_ATTENTION_FWD, .B = 2, .T = 7, .H = 4, .Hkv = 2, .D = 8},
@@ -93,26 +103,38 @@ static const struct bo_case cases[] = {
     {OP_ATTENTION_FWD, .B = 1, .T = 19, .H = 8, .Hkv = 1, .D = 16},
     {OP_ATTENTION_FWD, .B = 1, .T = 300, .H = 8, .Hkv = 2, .D = 64},
     {OP_ATTENTION_FWD, .B = 2, .T = 65, .H = 4, .Hkv = 1, .D = 128},
+    {OP_ATTENTION_FWD, .B = 2, .T = 100, .H = 6, .Hkv = 3, .D = 32},
+    {OP_ATTENTION_FWD, .B = 1, .T = 130, .H = 4, .Hkv = 4, .D = 128},
+    {OP_ATTENTION_FWD, .B = 1, .T = 200, .H = 8, .Hkv = 8, .D = 64},
+    {OP_ATTENTION_FWD, .B = 1, .T = 2048, .H = 2, .Hkv = 1, .D = 128},
     {OP_ATTENTION_BWD, .B = 2, .T = 7, .H = 4, .Hkv = 4, .D = 8},
     {OP_ATTENTION_BWD, .B = 2, .T = 7, .H = 4, .Hkv = 2, .D = 8},
     {OP_ATTENTION_BWD, .B = 2, .T = 7, .H = 4, .Hkv = 1, .D = 8},
     {OP_ATTENTION_BWD, .B = 1, .T = 19, .H = 8, .Hkv = 1, .D = 16},
     {OP_ATTENTION_BWD, .B = 1, .T = 300, .H = 8, .Hkv = 2, .D = 64},
     {OP_ATTENTION_BWD, .B = 2, .T = 65, .H = 4, .Hkv = 1, .D = 128},
+    {OP_ATTENTION_BWD, .B = 2, .T = 100, .H = 6, .Hkv = 3, .D = 32},
+    {OP_ATTENTION_BWD, .B = 1, .T = 130, .H = 4, .Hkv = 4, .D = 128},
+    {OP_ATTENTION_BWD, .B = 1, .T = 200, .H = 8, .Hkv = 8, .D = 64},
+    {OP_ATTENTION_BWD, .B = 1, .T = 2048, .H = 2, .Hkv = 1, .D = 128},
 
     {OP_SWIGLU_FWD, .N = 1},
     {OP_SWIGLU_FWD, .N = 7},
     {OP_SWIGLU_FWD, .N = 4099},
+    {OP_SWIGLU_FWD, .N = 65536},
     {OP_SWIGLU_BWD, .N = 1},
     {OP_SWIGLU_BWD, .N = 7},
     {OP_SWIGLU_BWD, .N = 4099},
+    {OP_SWIGLU_BWD, .N = 65536},
 
     {OP_ADD_INPLACE, .N = 5},
     {OP_ADD_INPLACE, .N = 4097},
+    {OP_ADD_INPLACE, .N = 65536},
 
     {OP_CROSS_ENTROPY, .N = 3, .V = 11},
     {OP_CROSS_ENTROPY, .N = 7, .V = 1000, .row_scale = true},
     {OP_CROSS_ENTROPY, .N = 4, .V = 32003, .row_scale = true},
+    {OP_CROSS_ENTROPY, .N = 3, .V = 151936, .row_scale = true},
 };
 
 #define NCASES (int)(sizeof cases / sizeof cases[0])
@@ -565,31 +587,44 @@ static double norm_err(const float *a, const float *b, size_t n)
 }
 
 /* Runs case number idx on cand and on ref and compares every output; tol is the normalised error
- * allowed for float outputs (int outputs must match exactly). worst[op] collects the largest
- * error seen. Returns the number of failures. */
+ * allowed for float outputs (int outputs must match exactly). With repeat, cand runs the case a
+ * second time and must give the same bits (embedding_bwd excepted: it adds with atomics).
+ * worst[op] collects the largest error seen. Returns the number of failures. */
 static int case_compare(struct backend *cand, struct backend *ref, const struct bo_case *c, uint64_t seed, double tol,
-                        double *worst)
+                        bool repeat, double *worst)
 {
     char name[128];
     case_name(c, name, sizeof name);
     struct bo_setup s;
     case_setup(&s, c, seed, ref);
-    float *co[MAX_TENSORS], *ro[MAX_TENSORS];
+    float *co[MAX_TENSORS], *ro[MAX_TENSORS], *again[MAX_TENSORS] = {0};
     int fails = case_execute(cand, c, &s, co, name) + case_execute(ref, c, &s, ro, name);
+    if (repeat)
+        fails += case_execute(cand, c, &s, again, name);
     for (int i = 0; i < s.nt; i++) {
         if (!co[i])
             continue;
         double err = norm_err(co[i], ro[i], s.t[i].n);
         bool ok = err <= (s.t[i].kind == K_I32 ? 0.0 : tol);
-        printf("#   %-46s %-9s err %.3e%s\n", name, s.t[i].name, err, ok ? "" : "  FAILED");
-        fails += !ok;
+        bool same = !again[i] || c->op == OP_EMBEDDING_BWD || memcmp(co[i], again[i], s.t[i].n * sizeof(float)) == 0;
+        printf("#   %-46s %-9s err %.3e%s%s\n", name, s.t[i].name, err, ok ? "" : "  FAILED",
+               same ? "" : "  NOT BIT-IDENTICAL ON REPEAT");
+        fails += !ok + !same;
         if (worst && err > worst[c->op])
             worst[c->op] = err;
         free(co[i]);
         free(ro[i]);
+        free(again[i]);
     }
     setup_free(&s);
     return fails;
+}
+
+/* Whether cand declares case c unsupported through its capability query. */
+static bool case_unsupported(struct backend *cand, const struct bo_case *c)
+{
+    return (c->op == OP_ATTENTION_FWD || c->op == OP_ATTENTION_BWD) && cand->ops->attention_supports &&
+           !cand->ops->attention_supports(cand, c->D);
 }
 
 static uint64_t base_seed;
@@ -600,16 +635,26 @@ static uint64_t case_seed(int idx)
 }
 
 /* Runs the whole table; returns the number of failures. */
-static int run_table(struct backend *cand, struct backend *ref, double tol)
+static int run_table(struct backend *cand, struct backend *ref, double tol, bool repeat)
 {
     double worst[OP_COUNT] = {0};
-    int fails = 0;
-    printf("# candidate %s vs reference %s, tolerance %.1e\n", cand->ops->name, ref->ops->name, tol);
-    for (int i = 0; i < NCASES; i++)
-        fails += case_compare(cand, ref, &cases[i], case_seed(i), tol, worst);
+    int fails = 0, skipped = 0;
+    printf("# candidate %s vs reference %s, tolerance %.1e%s\n", cand->ops->name, ref->ops->name, tol,
+           repeat ? ", repeat bit-identical" : "");
+    for (int i = 0; i < NCASES; i++) {
+        if (case_unsupported(cand, &cases[i])) {
+            char name[128];
+            case_name(&cases[i], name, sizeof name);
+            printf("#   %-46s skipped: %s does not support head_dim %d\n", name, cand->ops->name, cases[i].D);
+            skipped++;
+            continue;
+        }
+        fails += case_compare(cand, ref, &cases[i], case_seed(i), tol, repeat, worst);
+    }
     for (int op = 0; op < OP_COUNT; op++)
         printf("# worst normalised error %-14s %.3e\n", op_names[op], worst[op]);
-    printf("# %d failures over %d cases\n", fails, NCASES);
+    printf("# %d failures over %d cases (%d skipped as unsupported by %s)\n", fails, NCASES - skipped, skipped,
+           cand->ops->name);
     return fails;
 }
 
@@ -624,7 +669,7 @@ static void test_cpu_vs_cpu(void **state)
     struct backend a, b;
     assert_int_equal(backend_cpu_init(&a), 0);
     assert_int_equal(backend_cpu_init(&b), 0);
-    assert_int_equal(run_table(&a, &b, 0.0), 0);
+    assert_int_equal(run_table(&a, &b, 0.0, false), 0);
     backend_cpu_free(&a);
     backend_cpu_free(&b);
 }
@@ -638,7 +683,8 @@ static void test_cuda_vs_cpu(void **state)
         skip();
     }
     assert_int_equal(backend_cpu_init(&cpu), 0);
-    assert_int_equal(run_table(&cuda, &cpu, CUDA_TOL), 0);
+    printf("# cuda device: %s\n", cuda.device_name);
+    assert_int_equal(run_table(&cuda, &cpu, CUDA_TOL, true), 0);
     backend_cpu_free(&cpu);
     backend_cuda_free(&cuda);
 #else
@@ -755,11 +801,11 @@ static void test_harness_detects_damage(void **state)
         int idx = first_case(checks[k].op);
         broken = *real;
         /* intact, the same case passes even at tolerance 0 */
-        assert_int_equal(case_compare(&cand, &ref, &cases[idx], case_seed(idx), 0.0, NULL), 0);
+        assert_int_equal(case_compare(&cand, &ref, &cases[idx], case_seed(idx), 0.0, false, NULL), 0);
         checks[k].install(&broken);
         printf("# %s broken (%s), tolerance %.1e: must fail\n", op_names[checks[k].op], checks[k].what,
                checks[k].tol);
-        assert_true(case_compare(&cand, &ref, &cases[idx], case_seed(idx), checks[k].tol, NULL) > 0);
+        assert_true(case_compare(&cand, &ref, &cases[idx], case_seed(idx), checks[k].tol, false, NULL) > 0);
     }
     cand.ops = real;
     backend_cpu_free(&cand);
