@@ -1,0 +1,108 @@
+#!/bin/bash
+# Issue 4 on a GPU host, run from the repo root: builds with the carried .debs, runs the CUDA
+# op-parity test, the HF parity test, an end-to-end `--device cuda` training run of every fixture
+# against its reference losses, the attention and layer benchmarks and their PyTorch references,
+# and prints one table (ours, PyTorch, ratio). Logs go to $OUT (or .gpuout/).
+# Prepare once where Debian's registry is reachable (.gpudeps/ is git-ignored; carry it along):
+#   mkdir -p .gpudeps/extra && cp /work/shared/gpu-host/build.sh /work/shared/gpu-host/fetch-debs.sh .gpudeps/
+#   sh .gpudeps/fetch-debs.sh .gpudeps
+#   (cd .gpudeps/extra && apt-get download pkgconf pkgconf-bin libpkgconf3 libopenblas0-pthread \
+#       libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5)   # used only if the host lacks them
+set -u
+root=$(pwd)
+out=${OUT:-$root/.gpuout}
+deps=${GPUDEPS:-$root/.gpudeps}
+build=${BUILD:-build-gpu}
+sysroot=/tmp/sysroot
+mkdir -p "$out" "$sysroot"
+export PATH=/usr/local/cuda/bin:$PATH
+log() { echo "$*" | tee -a "$out/summary.log"; }
+: > "$out/summary.log"
+
+# ---- build ----
+{
+    nvidia-smi
+    nvcc --version | tail -2
+    export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if ! command -v meson >/dev/null 2>&1; then
+        mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m mesonbuild.mesonmain "$@"\n' > /tmp/bin/meson
+        chmod +x /tmp/bin/meson && export PATH=/tmp/bin:$PATH
+    fi
+    if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists openblas; then
+        echo "host lacks pkg-config or OpenBLAS: unpacking $deps/extra"
+        for f in "$deps"/extra/*.deb; do dpkg -x "$f" "$sysroot"; done
+        export PATH=$sysroot/usr/bin:$PATH
+        pc=$sysroot/usr/lib/x86_64-linux-gnu/pkgconfig
+        mkdir -p "$pc"
+        [ -f "$pc/openblas.pc" ] || printf '%s\n' 'libdir=/usr/lib/x86_64-linux-gnu/openblas-pthread' \
+            'includedir=/usr/include/x86_64-linux-gnu/openblas-pthread' 'Name: openblas' 'Description: OpenBLAS' \
+            'Version: 0.3' 'Libs: -L${libdir} -lopenblas' 'Cflags: -I${includedir}' > "$pc/openblas.pc"
+    fi
+    sh "$deps/build.sh" "$deps" "$build"
+} > "$out/build.log" 2>&1
+if [ ! -x "$build/tests/test_backend_ops" ] || [ ! -x "$build/bench/bench_attention" ]; then
+    log "BUILD FAILED"; tail -40 "$out/build.log"; exit 1
+fi
+export PATH=$sysroot/usr/bin:$PATH
+export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu:$sysroot/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export SD_BUILD=$root/$build SD_SOURCE=$root OPENBLAS_NUM_THREADS=1
+log "built $build ($(grep -c . "$out/build.log") log lines)"
+
+# ---- correctness ----
+timeout 300 "$build/tests/test_backend_ops" > "$out/test_backend_ops.log" 2>&1
+log "test_backend_ops exit $? : $(grep -E '^# [0-9]+ failures' "$out/test_backend_ops.log" | tr '\n' ' ')"
+grep -E '^# (worst|cuda device|candidate)' "$out/test_backend_ops.log" | tee -a "$out/summary.log"
+grep -E 'FAILED|NOT BIT|skipped|modified|guard' "$out/test_backend_ops.log" | grep -v 'broken' | head -20 | tee -a "$out/summary.log"
+timeout 300 "$build/tests/test_parity" > "$out/test_parity.log" 2>&1
+log "test_parity exit $?"
+
+: > "$out/e2e.log"
+for fx in qwen3_tied qwen3_untied_gqa8 qwen2 llama3; do
+    d=/tmp/e2e_$fx
+    rm -rf "$d"
+    timeout 120 "$build/slidedp-launch" --device cuda "tests/fixtures/$fx/job.ini" "log.dir=$d/log" \
+        "checkpoint.dir=$d/ckpt" >> "$out/e2e.log" 2>&1
+    rc=$?
+    python3 - "$d/log/metrics.jsonl" "tests/fixtures/$fx/ref.json" "$fx" "$rc" <<'PY' | tee -a "$out/e2e.log" "$out/summary.log"
+import json, sys
+path, ref, name, rc = sys.argv[1:]
+try:
+    got = [json.loads(l)["loss"] for l in open(path) if l.strip()]
+except OSError:
+    got = []
+want = json.load(open(ref))["losses"]
+rel = [abs(a - b) / b for a, b in zip(got, want)]
+ok = rc == "0" and len(got) == len(want) and max(rel) < 2e-2
+print(f"e2e cuda {name}: exit {rc}, losses {' '.join(f'{x:.5f}' for x in got)} vs ref "
+      f"{' '.join(f'{x:.5f}' for x in want)}, worst rel {max(rel) if rel else float('nan'):.2e}: {'OK' if ok else 'FAIL'}")
+PY
+done
+
+# ---- speed ----
+: > "$out/bench.log"
+timeout 200 "$build/bench/bench_attention" >> "$out/bench.log" 2>&1 || log "bench_attention failed"
+timeout 200 "$build/bench/bench_layer" >> "$out/bench.log" 2>&1 || log "bench_layer failed"
+timeout 240 python3 bench/torch_ops.py >> "$out/bench.log" 2>&1 || log "torch_ops.py failed"
+grep -v '^RESULT' "$out/bench.log" | tee -a "$out/summary.log"
+
+python3 - "$out/bench.log" <<'PY' | tee -a "$out/summary.log"
+import sys
+r = {}
+for line in open(sys.argv[1]):
+    if line.startswith("RESULT "):
+        _, k, v = line.split()
+        r[k] = float(v)
+rows = []
+for B, T in ((2, 4096), (1, 32768)):
+    for what in ("fwd", "fwdbwd"):
+        rows.append((f"attention {what} B={B} T={T} (TFLOP/s)", r.get(f"attention_{what}_B{B}_T{T}"),
+                     r.get(f"torch_attention_{what}_B{B}_T{T}"), False))
+rows.append(("Qwen3-1.7B layer fwd+bwd B=2 T=4096 (ms)", r.get("layer_ms"), r.get("torch_layer_ms"), True))
+print(f"| {'op/config':44} | {'ours':>9} | {'PyTorch':>9} | {'ratio':>6} |")
+print(f"|{'-' * 46}|{'-' * 11}|{'-' * 11}|{'-' * 8}|")
+for name, ours, ref, lower_better in rows:
+    ratio = (ref / ours if lower_better else ours / ref) if ours and ref else float("nan")
+    f = lambda x: f"{x:9.2f}" if x is not None else f"{'-':>9}"
+    print(f"| {name:44} | {f(ours)} | {f(ref)} | {ratio:6.2f} |")
+print("ratio: ours/PyTorch throughput (PyTorch time / ours for the layer)")
+PY
