@@ -49,18 +49,18 @@ export SD_BUILD=$root/$build SD_SOURCE=$root OPENBLAS_NUM_THREADS=1
 log "built $build ($(grep -c . "$out/build.log") log lines)"
 
 # ---- correctness ----
-timeout 300 "$build/tests/test_backend_ops" > "$out/test_backend_ops.log" 2>&1
+timeout 150 "$build/tests/test_backend_ops" > "$out/test_backend_ops.log" 2>&1
 log "test_backend_ops exit $? : $(grep -E '^# [0-9]+ failures' "$out/test_backend_ops.log" | tr '\n' ' ')"
 grep -E '^# (worst|cuda device|candidate)' "$out/test_backend_ops.log" | tee -a "$out/summary.log"
 grep -E 'FAILED|NOT BIT|skipped|modified|guard' "$out/test_backend_ops.log" | grep -v 'broken' | head -20 | tee -a "$out/summary.log"
-timeout 300 "$build/tests/test_parity" > "$out/test_parity.log" 2>&1
+timeout 120 "$build/tests/test_parity" > "$out/test_parity.log" 2>&1
 log "test_parity exit $?"
 
 : > "$out/e2e.log"
 for fx in qwen3_tied qwen3_untied_gqa8 qwen2 llama3; do
     d=/tmp/e2e_$fx
     rm -rf "$d"
-    timeout 120 "$build/slidedp-launch" --device cuda "tests/fixtures/$fx/job.ini" "log.dir=$d/log" \
+    timeout 60 "$build/slidedp-launch" --device cuda "tests/fixtures/$fx/job.ini" "log.dir=$d/log" \
         "checkpoint.dir=$d/ckpt" >> "$out/e2e.log" 2>&1
     rc=$?
     python3 - "$d/log/metrics.jsonl" "tests/fixtures/$fx/ref.json" "$fx" "$rc" <<'PY' | tee -a "$out/e2e.log" "$out/summary.log"
@@ -80,9 +80,9 @@ done
 
 # ---- speed ----
 : > "$out/bench.log"
-timeout 200 "$build/bench/bench_attention" >> "$out/bench.log" 2>&1 || log "bench_attention failed"
-timeout 200 "$build/bench/bench_layer" >> "$out/bench.log" 2>&1 || log "bench_layer failed"
-timeout 240 python3 bench/torch_ops.py >> "$out/bench.log" 2>&1 || log "torch_ops.py failed"
+timeout 100 "$build/bench/bench_attention" >> "$out/bench.log" 2>&1 || log "bench_attention failed"
+timeout 100 "$build/bench/bench_layer" >> "$out/bench.log" 2>&1 || log "bench_layer failed"
+timeout 150 python3 bench/torch_ops.py >> "$out/bench.log" 2>&1 || log "torch_ops.py failed"
 grep -v '^RESULT' "$out/bench.log" | tee -a "$out/summary.log"
 
 python3 - "$out/bench.log" <<'PY' | tee -a "$out/summary.log"
