@@ -117,13 +117,6 @@ __device__ __forceinline__ void load_b_trans(uint32_t b[4], const bf16 *sm, int 
     ldmatrix_x4_trans(b, sm + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
 }
 
-/* A fragment of rows [r0, r0+16) x columns [c0, c0+16) of A = sm^T (sm holds A's columns as rows). */
-template <int LD>
-__device__ __forceinline__ void load_a_trans(uint32_t a[4], const bf16 *sm, int r0, int c0, int lane)
-{
-    ldmatrix_x4_trans(a, sm + (c0 + (lane & 7) + ((lane >> 4) << 3)) * LD + r0 + ((lane >> 3) & 1) * 8);
-}
-
 /* The A fragment of k-step kk from the fp32 C fragments of n-tiles 2kk and 2kk+1. */
 __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const float c1[4])
 {
