@@ -85,10 +85,10 @@ timeout 100 "$build/bench/bench_layer" >> "$out/bench.log" 2>&1 || log "bench_la
 timeout 150 python3 bench/torch_ops.py >> "$out/bench.log" 2>&1 || log "torch_ops.py failed"
 grep -v '^RESULT' "$out/bench.log" | tee -a "$out/summary.log"
 
-# kernel profiles of one forward and one backward attention launch (B=2, T=4096), when ncu is there
+# kernel profiles of one launch of each attention kernel (B=2, T=4096), when ncu is there
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$ncu" ]; then
-    for k in attn_fwd_kernel attn_bwd_kernel; do
+    for k in attn_fwd_kernel attn_bwd_dkdv_kernel attn_bwd_dq_kernel; do
         timeout 120 "$ncu" --clock-control none -k "regex:$k" -c 1 --section SpeedOfLight --section Occupancy \
             --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
             "$build/bench/bench_attention" 2>&1 | grep -vE '^(attention|RESULT|device)' >> "$out/ncu.log"
