@@ -3,14 +3,17 @@
  *   dK/dV: one block per (batch, kv head, 64-key tile), looping over every query head of the GQA
  *          group and every 64-row query tile at or after the keys: S^T = K Q^T, P^T, dP^T = V dO^T,
  *          dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q, accumulated in registers;
- *   dQ:    one block per (batch, query head, 64-row query tile), looping over the key tiles up to
- *          the diagonal: S, P, dP = dO V^T, dS, dQ += dS K.
+ *   dQ:    one block per (batch, query head, 128-row query tile), each warp 32 rows, looping over
+ *          32-key tiles up to the diagonal: S, P, dP = dO V^T, dS, dQ += dS K.
  * P is recomputed from lse; mma.sync m16n8k16 bf16 with fp32 accumulation throughout. */
 #include "attention_common.cuh"
 
-#define BWD_BM 64 /* query rows per tile */
-#define BWD_BN 64 /* keys per tile */
+#define BWD_BM 64 /* dK/dV kernel: query rows per step */
+#define BWD_BN 64 /* and keys per block */
 #define BWD_THREADS 128
+#define DQ_MT 2                /* dQ kernel: 16-row m-tiles per warp, */
+#define DQ_BM (64 * DQ_MT)     /* query rows per block */
+#define DQ_BN 32               /* and keys per tile */
 #define LOG2E 1.4426950408889634f
 
 /* Dvec[b][h][t] = sum_d dout[b][t][h][d] * out[b][t][h][d]; D/8 threads per row. */
@@ -160,102 +163,132 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     attn_bwd_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
                        const float *Dvec, int T, int Hq, int Hkv, float scale_log2, float scale)
 {
-    constexpr int LD = att_dims<D>::LD, KT = att_dims<D>::KT, DT = att_dims<D>::DT, NT = BWD_BN / 8;
+    constexpr int LD = att_dims<D>::LD, KT = att_dims<D>::KT, DT = att_dims<D>::DT, NT = DQ_BN / 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
-    bf16 *sQ = reinterpret_cast<bf16 *>(att_smem), *sdO = sQ + BWD_BM * LD, *sK = sdO + BWD_BM * LD,
-         *sV = sK + 2 * BWD_BN * LD;
+    bf16 *sQ = reinterpret_cast<bf16 *>(att_smem), *sdO = sQ + DQ_BM * LD, *sK = sdO + DQ_BM * LD,
+         *sV = sK + 2 * DQ_BN * LD;
+    float *sL = reinterpret_cast<float *>(sV + 2 * DQ_BN * LD), *sD = sL + DQ_BM; /* row terms, off registers */
 
     int b = blockIdx.x / Hq, h = blockIdx.x % Hq, hk = h / (Hq / Hkv);
-    int q0 = (gridDim.y - 1 - blockIdx.y) * BWD_BM; /* the longest rows start first */
+    int q0 = (gridDim.y - 1 - blockIdx.y) * DQ_BM; /* the longest rows start first */
     size_t qs = (size_t)Hq * D, ks = (size_t)Hkv * D;
     size_t qoff = (size_t)b * T * qs + (size_t)h * D, koff = (size_t)b * T * ks + (size_t)hk * D;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
-    int wr = warp * 16, wrow0 = q0 + wr;
-    int nkt = (min(T, q0 + BWD_BM) + BWD_BN - 1) / BWD_BN;
+    int wr = warp * 16 * DQ_MT, wrow0 = q0 + wr; /* this warp's rows */
+    int nkt = (min(T, q0 + DQ_BM) + DQ_BN - 1) / DQ_BN;
 
-    load_tile<BWD_BM, D, BWD_THREADS>(sQ, q + qoff, q0, T, qs);
-    load_tile<BWD_BM, D, BWD_THREADS>(sdO, dout + qoff, q0, T, qs);
-    load_tile<BWD_BN, D, BWD_THREADS>(sK, k + koff, 0, T, ks);
-    load_tile<BWD_BN, D, BWD_THREADS>(sV, v + koff, 0, T, ks);
+    load_tile<DQ_BM, D, BWD_THREADS>(sQ, q + qoff, q0, T, qs);
+    load_tile<DQ_BM, D, BWD_THREADS>(sdO, dout + qoff, q0, T, qs);
+    load_tile<DQ_BN, D, BWD_THREADS>(sK, k + koff, 0, T, ks);
+    load_tile<DQ_BN, D, BWD_THREADS>(sV, v + koff, 0, T, ks);
     cp_async_commit();
 
-    float lrow[2], drow[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = wrow0 + g + r * 8;
+    for (int t = threadIdx.x; t < DQ_BM; t += BWD_THREADS) {
+        int row = q0 + t;
         size_t li = ((size_t)b * Hq + h) * T + row;
-        lrow[r] = row < T ? lse[li] * LOG2E : INFINITY;
-        drow[r] = row < T ? Dvec[li] : 0.0f;
+        /* rows past T get P = 0 */
+        sL[t] = row < T ? lse[li] * LOG2E : INFINITY;
+        sD[t] = row < T ? Dvec[li] : 0.0f;
     }
 
-    float dqa[DT][4] = {};
+    float dqa[DQ_MT][DT][4] = {};
     for (int j = 0; j < nkt; j++) {
         int buf = j & 1;
         if (j + 1 < nkt) {
-            load_tile<BWD_BN, D, BWD_THREADS>(sK + (buf ^ 1) * BWD_BN * LD, k + koff, (j + 1) * BWD_BN, T, ks);
-            load_tile<BWD_BN, D, BWD_THREADS>(sV + (buf ^ 1) * BWD_BN * LD, v + koff, (j + 1) * BWD_BN, T, ks);
+            load_tile<DQ_BN, D, BWD_THREADS>(sK + (buf ^ 1) * DQ_BN * LD, k + koff, (j + 1) * DQ_BN, T, ks);
+            load_tile<DQ_BN, D, BWD_THREADS>(sV + (buf ^ 1) * DQ_BN * LD, v + koff, (j + 1) * DQ_BN, T, ks);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const bf16 *sKb = sK + buf * BWD_BN * LD, *sVb = sV + buf * BWD_BN * LD;
-        int k0 = j * BWD_BN;
-
-        float s[NT][4] = {}, dp[NT][4] = {};
+        const bf16 *sKb = sK + buf * DQ_BN * LD, *sVb = sV + buf * DQ_BN * LD;
+        int k0 = j * DQ_BN;
+        if (k0 <= wrow0 + 16 * DQ_MT - 1) { /* else every key of the tile is after this warp's rows */
+            float s[DQ_MT][NT][4] = {}, dp[DQ_MT][NT][4] = {};
+            /* S = Q K^T, then dP = dO V^T: one product at a time keeps fewer fragments live */
 #pragma unroll
-        for (int kk = 0; kk < KT; kk++) {
-            uint32_t a[4], ao[4];
-            load_a<LD>(a, sQ, wr, kk * 16, lane);
-            load_a<LD>(ao, sdO, wr, kk * 16, lane);
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t a[DQ_MT][4];
 #pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t bb[4];
-                load_b<LD>(bb, sKb, np * 16, kk * 16, lane);
-                mma_bf16(s[2 * np], a, bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], a, bb[2], bb[3]);
-                load_b<LD>(bb, sVb, np * 16, kk * 16, lane);
-                mma_bf16(dp[2 * np], ao, bb[0], bb[1]);
-                mma_bf16(dp[2 * np + 1], ao, bb[2], bb[3]);
-            }
-        }
-        bool need_mask = k0 + BWD_BN - 1 > wrow0;
+                for (int mt = 0; mt < DQ_MT; mt++)
+                    load_a<LD>(a[mt], sQ, wr + mt * 16, kk * 16, lane);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t bb[4];
+                    load_b<LD>(bb, sKb, np * 16, kk * 16, lane);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = exp2_approx(s[nt][e] * scale_log2 - lrow[e >> 1]);
-                if (need_mask && k0 + nt * 8 + 2 * tq + (e & 1) > wrow0 + g + (e >> 1) * 8)
-                    p = 0.0f;
-                dp[nt][e] = p * (dp[nt][e] - drow[e >> 1]);
+                    for (int mt = 0; mt < DQ_MT; mt++) {
+                        mma_bf16(s[mt][2 * np], a[mt], bb[0], bb[1]);
+                        mma_bf16(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                    }
+                }
             }
 #pragma unroll
-        for (int kk = 0; kk < BWD_BN / 16; kk++) {
-            uint32_t da[4];
-            c_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t a[DQ_MT][4];
 #pragma unroll
-            for (int dt = 0; dt < DT / 2; dt++) {
-                uint32_t bb[4];
-                load_b_trans<LD>(bb, sKb, kk * 16, dt * 16, lane);
-                mma_bf16(dqa[2 * dt], da, bb[0], bb[1]);
-                mma_bf16(dqa[2 * dt + 1], da, bb[2], bb[3]);
+                for (int mt = 0; mt < DQ_MT; mt++)
+                    load_a<LD>(a[mt], sdO, wr + mt * 16, kk * 16, lane);
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t bb[4];
+                    load_b<LD>(bb, sVb, np * 16, kk * 16, lane);
+#pragma unroll
+                    for (int mt = 0; mt < DQ_MT; mt++) {
+                        mma_bf16(dp[mt][2 * np], a[mt], bb[0], bb[1]);
+                        mma_bf16(dp[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                    }
+                }
+            }
+            bool need_mask = k0 + DQ_BN - 1 > wrow0;
+#pragma unroll
+            for (int mt = 0; mt < DQ_MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int rr = wr + mt * 16 + g + (e >> 1) * 8;
+                        float p = exp2_approx(s[mt][nt][e] * scale_log2 - sL[rr]);
+                        if (need_mask && k0 + nt * 8 + 2 * tq + (e & 1) > q0 + rr)
+                            p = 0.0f;
+                        dp[mt][nt][e] = p * (dp[mt][nt][e] - sD[rr]);
+                    }
+#pragma unroll
+            for (int kk = 0; kk < DQ_BN / 16; kk++) {
+                uint32_t da[DQ_MT][4];
+#pragma unroll
+                for (int mt = 0; mt < DQ_MT; mt++)
+                    c_to_a(da[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+#pragma unroll
+                for (int dt = 0; dt < DT / 2; dt++) {
+                    uint32_t bb[4];
+                    load_b_trans<LD>(bb, sKb, kk * 16, dt * 16, lane);
+#pragma unroll
+                    for (int mt = 0; mt < DQ_MT; mt++) {
+                        mma_bf16(dqa[mt][2 * dt], da[mt], bb[0], bb[1]);
+                        mma_bf16(dqa[mt][2 * dt + 1], da[mt], bb[2], bb[3]);
+                    }
+                }
             }
         }
         __syncthreads();
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = wrow0 + g + r * 8;
-        if (row < T) {
-            bf16 *drow_p = dq + ((size_t)b * T + row) * qs + (size_t)h * D;
+    for (int mt = 0; mt < DQ_MT; mt++)
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *reinterpret_cast<uint32_t *>(drow_p + dt * 8 + 2 * tq) =
-                    pack_bf16(dqa[dt][2 * r] * scale, dqa[dt][2 * r + 1] * scale);
+        for (int r = 0; r < 2; r++) {
+            int row = wrow0 + mt * 16 + g + r * 8;
+            if (row < T) {
+                bf16 *drow_p = dq + ((size_t)b * T + row) * qs + (size_t)h * D;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<uint32_t *>(drow_p + dt * 8 + 2 * tq) =
+                        pack_bf16(dqa[mt][dt][2 * r] * scale, dqa[mt][dt][2 * r + 1] * scale);
+            }
         }
-    }
 }
 
 template <int D>
@@ -278,9 +311,9 @@ static void bwd_launch(struct backend *be, bf16 *dq, bf16 *dk, bf16 *dv, const b
                                                                    scale_log2, scale);
     CUDA_CHECK(cudaGetLastError());
 
-    size_t smem_q = (size_t)(2 * BWD_BM + 4 * BWD_BN) * LD * sizeof(bf16);
+    size_t smem_q = (size_t)(2 * DQ_BM + 4 * DQ_BN) * LD * sizeof(bf16) + 2 * DQ_BM * sizeof(float);
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-    dim3 grid_q((unsigned)(B * Hq), (unsigned)((T + BWD_BM - 1) / BWD_BM));
+    dim3 grid_q((unsigned)(B * Hq), (unsigned)((T + DQ_BM - 1) / DQ_BM));
     attn_bwd_dq_kernel<D><<<grid_q, BWD_THREADS, smem_q, st>>>(dq, q, k, v, dout, lse, Dvec, T, Hq, Hkv, scale_log2,
                                                                scale);
     CUDA_CHECK(cudaGetLastError());
