@@ -116,8 +116,21 @@ static void transition(struct sup *s, enum sup_state next)
     s->state = next;
     switch (next) {
     case SUP_STOPPING:
-        /* a crash loop leaves a rank dead, so the others cannot finish their step: stop them now */
-        atomic_store(&s->h->stop, s->crash_loop ? STOP_WORKERS_NOW : STOP_AT_BOUNDARY);
+        if (s->crash_loop) {
+            /* a rank is dead, so the others cannot finish their step: stop them now */
+            atomic_store(&s->h->stop, STOP_WORKERS_NOW);
+        } else {
+            /* seq_cst store, then read the steps workers announced (worker/pipeline.c
+             * may_start_step): every rank runs up to the highest one, then stops */
+            atomic_store(&s->h->stop, STOP_AT_BOUNDARY);
+            uint32_t last = ctl_committed_step(s->h);
+            for (int r = 0; r < s->h->gpus; r++) {
+                uint32_t announced = atomic_load(&ctl_proc(s->h, PROC_WORKER, r)->step);
+                last = announced > last ? announced : last;
+            }
+            atomic_store(&s->h->stop_step, last + 1);
+            futex_wake_all(&s->h->stop_step);
+        }
         wake_everyone(s->h);
         break;
     case SUP_DRAINING:
@@ -674,7 +687,9 @@ int launch_run(const struct launch_opts *opts)
     uv_loop_close(s->loop);
     fclose(s->metrics);
     state_destroy(&s->st);
-    if (s->exit_code != 0 && s->exit_code != 130)
+    if (s->crash_loop)
+        fprintf(stderr, "slidedp-launch: job stopped: a process kept dying\n");
+    else if (s->exit_code != 0 && s->exit_code != 130)
         fprintf(stderr, "slidedp-launch: job failed (state %s)\n", state_name(s->state));
     return s->exit_code;
 }

@@ -359,6 +359,7 @@ void state_replace_orphans(struct job_state *st)
         ctl_repair_slots(h, r);
     atomic_store(&h->launcher_pid, (int32_t)getpid());
     atomic_store(&h->stop, STOP_NONE);
+    atomic_store(&h->stop_step, 0);
     atomic_store(&h->workers_ready, 0);
 }
 

@@ -231,6 +231,8 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
     while (remaining > 0) {
         /* acquire: pairs with the workers' release increment after ring_push */
         uint32_t seen = atomic_load_explicit(&db->seq, memory_order_acquire);
+        /* set only after every worker exited: then this pass sees all that will ever come */
+        bool draining = atomic_load(&h->stop) == STOP_DRAIN;
         bool progressed = false;
         for (int r = 0; r < h->gpus; r++) {
             struct ring *ring = ctl_ring(h, r, o->index);
@@ -257,23 +259,18 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
         }
         if (progressed)
             continue;
+        if (draining) {
+            /* nothing in the rings can be added and nothing more will come: the step cannot complete */
+            atomic_store(&h->abandoned_step, s);
+            futex_wake_all(&h->reduce_seq);
+            return 1;
+        }
         set_phase(o, PHASE_WAIT_GRADS);
         uint64_t t0 = clock_ns();
         futex_wait(&db->seq, seen, WAIT_SLICE_MS);
         atomic_fetch_add_explicit(&o->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
         if (torn_down(o))
             return -1;
-        if (atomic_load(&h->stop) == STOP_DRAIN && atomic_load_explicit(&db->seq, memory_order_acquire) == seen) {
-            /* Workers have all exited and nothing more can arrive: the step cannot complete. */
-            bool empty = true;
-            for (int r = 0; r < h->gpus; r++)
-                empty &= ring_count(ctl_ring(h, r, o->index)) == 0;
-            if (empty) {
-                atomic_store(&h->abandoned_step, s);
-                futex_wake_all(&h->reduce_seq);
-                return 1;
-            }
-        }
     }
     return 0;
 }

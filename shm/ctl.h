@@ -179,6 +179,7 @@ struct ctl_header {
     _Atomic int32_t launcher_pid;
     _Atomic uint32_t generation;    /* bumped on every repair; stale writers are fenced out */
     _Atomic uint32_t stop;          /* enum stop_level */
+    _Atomic uint32_t stop_step;     /* with STOP_AT_BOUNDARY: 1 + the last step workers run (0: not decided) */
     uint64_t created_ns;
     uint64_t start_ns;
 

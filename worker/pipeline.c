@@ -431,6 +431,24 @@ static int eval_step(struct worker *w, uint32_t s)
     return 0;
 }
 
+/* Announces step s, then honours a stop request: the launcher, after raising the flag, takes the
+ * highest step any worker announced as the last one, so either it saw our announcement (and
+ * we run s) or we see the flag and wait for its decision. Every rank runs the same steps. */
+static bool may_start_step(struct worker *w, uint32_t s)
+{
+    struct ctl_header *h = w->ctl;
+    atomic_store(&w->slot->step, s);     /* seq_cst: ordered before the load of stop below */
+    if (atomic_load(&h->stop) == STOP_NONE)
+        return true;
+    for (;;) {
+        uint32_t last = atomic_load(&h->stop_step);
+        if (last != 0)
+            return s + 1 <= last;
+        futex_wait(&h->stop_step, 0, WAIT_SLICE_MS);
+        bail_if_stopped(w);
+    }
+}
+
 static bool is_val_step(const struct ctl_header *h, bool have_val, uint32_t s)
 {
     if (!have_val)
@@ -521,7 +539,7 @@ int worker_run(const struct worker_args *args)
         !atomic_load(&ctl_step(h, committed)->val_done[w->rank]) && eval_step(w, committed) != 0)
         return -1;
     for (uint32_t s = committed + 1; s <= (uint32_t)h->job.steps; s++) {
-        if (atomic_load(&h->stop) != STOP_NONE)
+        if (!may_start_step(w, s))
             break;
         /* Never run more than half the step records ahead of the launcher's logging. */
         for (;;) {
@@ -531,7 +549,7 @@ int worker_run(const struct worker_args *args)
             futex_wait(&h->metrics_step, logged, WAIT_SLICE_MS);
             bail_if_stopped(w);
         }
-        atomic_store(&w->slot->step, s);
+        fault_step(s, w->rank);
         struct step_record *rec = ctl_step(h, s);
         if (!atomic_load_explicit(&rec->rank_done[w->rank], memory_order_acquire) && train_step(w, s) != 0)
             return -1;

@@ -1,0 +1,254 @@
+/* Bad input to slidedp-launch (DESIGN §8): a table of malformed job files, configs, checkpoints and
+ * token shards, host memory that is too small, and shared memory of another job. Each case must
+ * exit 2 with one line naming the problem, and create or modify nothing: no log or checkpoint
+ * directory, no shared memory object, input files untouched. */
+#include "tests/testutil.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/data.h"
+#include "common/err.h"
+#include "common/hf.h"
+#include "common/job.h"
+#include "common/layout.h"
+#include "common/model_config.h"
+#include "shm/ctl.h"
+
+static char dir[1024];
+
+static void path(char *out, size_t len, const char *rel)
+{
+    snprintf(out, len, "%s/%s", dir, rel);
+}
+
+static void sh(const char *fmt, const char *a)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, fmt, a, a, a, a);
+    if (system(cmd) != 0)
+        fail_msg("command failed: %s", cmd);
+}
+
+/* A valid HF directory (fp32, single file) for the tiny config, and a sharded copy. */
+static void make_model(void)
+{
+    char p[1200], cfg_src[1200];
+    snprintf(cfg_src, sizeof cfg_src, "%s/config.json", tu_src("examples/tiny-qwen3"));
+    struct model_config cfg;
+    assert_int_equal(model_config_load(cfg_src, &cfg), 0);
+    struct layout lay;
+    assert_int_equal(layout_build(&cfg, 1, &lay), 0);
+    float *params = calloc((size_t)lay.total_numel, sizeof(float));
+    uint64_t s = 5;
+    tu_fill_uniform(params, (size_t)lay.total_numel, &s, -0.05f, 0.05f);
+    path(p, sizeof p, "model");
+    assert_int_equal(hf_export(p, cfg_src, &cfg, &lay, params, HF_EXPORT_FP32, 0), 0);
+    path(p, sizeof p, "sharded");
+    assert_int_equal(hf_export(p, cfg_src, &cfg, &lay, params, HF_EXPORT_FP32, 20000), 0);
+    free(params);
+    layout_free(&lay);
+}
+
+static void make_data(void)
+{
+    uint32_t tokens[4096];
+    for (int i = 0; i < 4096; i++)
+        tokens[i] = (uint32_t)(i * 7 % 32);
+    char p[1200];
+    path(p, sizeof p, "train.bin");
+    assert_int_equal(data_write_llmc(p, tokens, 4096, false), 0);
+}
+
+struct bad_case {
+    const char *name;
+    const char *setup;     /* shell, %s = the case directory; runs in a fresh copy of the inputs */
+    const char *ini_extra; /* appended to a valid job.ini */
+    const char *override;  /* one section.key=value, or NULL */
+    const char *expect;    /* substring of the error line */
+};
+
+static const struct bad_case cases[] = {
+    {"malformed ini line", NULL, "this is not a key\n", NULL, ":17: malformed line"},
+    {"unknown key", NULL, "[train]\nlearning_rate = 1\n", NULL, "unknown key"},
+    {"unknown section", NULL, "[optimizer]\nlr = 1\n", NULL, "unknown section [optimizer]"},
+    {"bad number", NULL, NULL, "train.lr=fast", "'fast' is not a number"},
+    {"bad enum", NULL, NULL, "train.schedule=exp", "cosine|linear|constant"},
+    {"key set twice", NULL, "[data]\nseq_len = 8\n", NULL, "set twice"},
+    {"gpus out of range", NULL, NULL, "runtime.gpus=0", "gpus"},
+    {"clipping with update during backward", NULL, NULL, "runtime.update_mode=during_backward", "grad_clip = 0"},
+    {"model dir missing", NULL, NULL, "model.path=nowhere", "not a directory"},
+    {"no config.json", "rm %s/model/config.json", NULL, NULL, "has no config.json"},
+    {"config.json not JSON", "echo '{\"model_type\": ' > %s/model/config.json", NULL, NULL, "config.json"},
+    {"unsupported model_type", "sed -i 's/\"qwen3\"/\"gpt2\"/' %s/model/config.json", NULL, NULL, "model_type"},
+    {"sliding window", "sed -i 's/\"use_sliding_window\": false/\"use_sliding_window\": true/' %s/model/config.json",
+     NULL, NULL, "use_sliding_window"},
+    {"mixture of experts", "sed -i 's/\"vocab_size\"/\"num_experts\": 8, \"vocab_size\"/' %s/model/config.json", NULL,
+     NULL, "num_experts"},
+    {"missing hidden_size", "sed -i '/\"hidden_size\"/d' %s/model/config.json", NULL, NULL, "hidden_size"},
+    {"safetensors header past EOF", "truncate -s 12 %s/model/model.safetensors", NULL, NULL, "past the end"},
+    {"safetensors truncated data", "truncate -s -100 %s/model/model.safetensors", NULL, NULL, "model.safetensors"},
+    {"safetensors header not JSON", "printf '\\020\\000\\000\\000\\000\\000\\000\\000{not json......}' > %s/model/model.safetensors",
+     NULL, NULL, "not valid JSON"},
+    {"overlapping tensors",
+     "printf '\\160\\000\\000\\000\\000\\000\\000\\000{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}    ............' > "
+     "%s/model/model.safetensors",
+     NULL, NULL, "overlap"},
+    {"wrong dtype", "sed -i 's/\"F32\",\"shape\":\\[64\\],\"data_offsets\"/\"I32\",\"shape\":[64],\"data_offsets\"/' "
+                    "%s/model/model.safetensors",
+     NULL, NULL, "dtype"},
+    {"wrong shape", "sed -i 's/\"shape\":\\[32,64\\]/\"shape\":[64,32]/' %s/model/model.safetensors", NULL, NULL, "shape"},
+    {"missing tensor", "sed -i 's/model.norm.weight/model.norm.weigh_/' %s/model/model.safetensors", NULL, NULL,
+     "model.norm.weigh"},
+    {"truncated shard", "rm -r %s/model && mv %s/sharded %s/model && truncate -s -64 %s/model/model-00002-of-*.safetensors",
+     NULL, NULL, "model-00002-of"},
+    {"missing shard", "rm -r %s/model && mv %s/sharded %s/model && rm %s/model/model-00001-of-*.safetensors", NULL, NULL,
+     "model-00001-of"},
+    {"token id >= vocab", "sed -i 's/vocab_size\": 32/vocab_size\": 20/' %s/model/config.json", "[model]\ninit = random\n", NULL,
+     "not below vocab_size 20"},
+    {"truncated token shard", "truncate -s -10 %s/train.bin", NULL, NULL, "train.bin"},
+    {"bad token shard magic", "printf 'XXXX' | dd of=%s/train.bin conv=notrunc status=none", NULL, NULL, "magic"},
+    {"seq_len longer than the data", NULL, NULL, "data.seq_len=5000", "seq_len 5000"},
+    {"no data file matches", NULL, NULL, "data.train=shard-*.bin", "no file matches"},
+    {"not enough host memory",
+     "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 400/; s/\"hidden_size\": 64/\"hidden_size\": 16384/; "
+     "s/\"intermediate_size\": 192/\"intermediate_size\": 65536/' %s/model/config.json",
+     "[model]\ninit = random\n", NULL, "not enough"},
+#ifndef SD_HAVE_CUDA
+    {"cuda device in a CPU-only build", NULL, NULL, "runtime.device=cuda", "no CUDA backend"},
+#endif
+};
+
+static const char *base_ini = "[model]\npath = model\n[data]\ntrain = train.bin\nseq_len = 32\n[train]\n"
+                              "micro_batch = 2\nsteps = 3\nlr = 1e-3\n[checkpoint]\ndir = ckpt\n[runtime]\ndevice = cpu\n"
+                              "gpus = 1\n[log]\ndir = log\n";
+
+static int count_shm(void)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += !strncmp(e->d_name, "slidedp.", 8);
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* Recursive listing with sizes and mtimes: "nothing modified" means this does not change. */
+static char *snapshot(const char *d)
+{
+    char *out = NULL;
+    int rc = tu_sh(&out, "cd %s && find . -printf '%%p %%s %%T@\\n' | sort", d);
+    assert_int_equal(rc, 0);
+    return out;
+}
+
+static void run_case(const struct bad_case *c, int i)
+{
+    char cdir[1300], ini[1400], text[4096];
+    snprintf(cdir, sizeof cdir, "%s/case%02d", dir, i);
+    tu_rmrf(cdir);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp -r %s/model %s/sharded %s/train.bin %s/", cdir, dir, dir, dir, cdir);
+    assert_int_equal(system(cmd), 0);
+    if (c->setup)
+        sh(c->setup, cdir);
+    snprintf(text, sizeof text, "%s%s", base_ini, c->ini_extra ? c->ini_extra : "");
+    snprintf(ini, sizeof ini, "%s/job.ini", cdir);
+    tu_write_file(ini, text);
+    char *before = snapshot(cdir);
+    int shm_before = count_shm();
+    char *out = NULL;
+    int rc = tu_sh(&out, "%s %s %s 2>&1", tu_bin("slidedp-launch"), ini, c->override ? c->override : "");
+    printf("# %-36s -> %s", c->name, out);
+    if (rc != 2 || !strstr(out, c->expect))
+        fail_msg("case '%s': exit %d, message lacks '%s'", c->name, rc, c->expect);
+    size_t len = strlen(out);
+    if (len == 0 || strchr(out, '\n') != out + len - 1)
+        fail_msg("case '%s': not exactly one line", c->name);
+    char *after = snapshot(cdir);
+    if (strcmp(before, after) != 0)
+        fail_msg("case '%s': files changed:\n%s---\n%s", c->name, before, after);
+    assert_int_equal(count_shm(), shm_before);
+    free(out), free(before), free(after);
+    tu_rmrf(cdir);
+}
+
+static void test_table(void **state)
+{
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    printf("# %d cases\n", n);
+    assert_true(n >= 25);
+    for (int i = 0; i < n; i++)
+        run_case(&cases[i], i);
+}
+
+/* Shared memory of a live job with the same log.dir, then of a dead one with another config. */
+static void test_existing_state(void **state)
+{
+    char ini[1200], *out = NULL;
+    path(ini, sizeof ini, "live.ini");
+    tu_write_file(ini, "[model]\npath = model\ninit = random\n[data]\ntrain = train.bin\nseq_len = 32\n[train]\n"
+                       "micro_batch = 2\nsteps = 100000\n[checkpoint]\ndir = live-ckpt\n[runtime]\ndevice = cpu\n"
+                       "[log]\ndir = live-log\nevery = 100000\n");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(tu_bin("slidedp-launch"), "slidedp-launch", ini, (char *)NULL);
+        _exit(127);
+    }
+    struct job_config job;
+    assert_int_equal(job_config_load(ini, 0, NULL, &job), 0);
+    char name[32];
+    ctl_job_name(job.log_dir, name, sizeof name);
+    struct job_shm shm;
+    for (int i = 0; i < 500 && job_shm_attach(&shm, name, JOB_MAP_CTL, true) != 0; i++)
+        usleep(10000);
+    job_shm_detach(&shm);
+    int rc = tu_sh(&out, "%s %s 2>&1", tu_bin("slidedp-launch"), ini);
+    printf("# second launch of a live job -> %s", out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "already running"));
+    free(out);
+    /* the live job is unharmed: it still runs; now kill its launcher to leave a stale state */
+    assert_int_equal(waitpid(pid, NULL, WNOHANG), 0);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    rc = tu_sh(&out, "%s %s train.lr=5e-4 2>&1", tu_bin("slidedp-launch"), ini);
+    printf("# relaunch with another config over a dead job's state -> %s", out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "different configuration"));
+    free(out);
+    rc = tu_sh(&out, "%s --clean %s 2>&1", tu_bin("slidedp-launch"), ini);
+    assert_int_equal(rc, 0);
+    free(out);
+    char obj[96];
+    snprintf(obj, sizeof obj, "/dev/shm/slidedp.%s.ctl", name);
+    assert_false(tu_exists(obj));
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "badinput"));
+    make_model();
+    make_data();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_existing_state),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (rc == 0)
+        tu_rmrf(dir);
+    return rc;
+}

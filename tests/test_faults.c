@@ -1,0 +1,398 @@
+/* Crash recovery on the CPU backend (DESIGN §8): kill -9 workers and optimizer processes at random
+ * moments and at every named point of the gradient and update protocol, kill the launcher and
+ * relaunch, stop with SIGTERM and resume from the disk checkpoint, and drive a process into a
+ * crash loop. Every run that completes must produce final weights bit-identical to an
+ * uninterrupted run, and leave nothing of the job in /dev/shm. */
+#include "tests/testutil.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/job.h"
+#include "shm/ctl.h"
+#include "shm/futex.h"
+
+static char dir[1024];
+static uint64_t rng;
+
+static unsigned rnd(unsigned n)
+{
+    return (unsigned)(tu_uniform(&rng) * (float)n) % n;
+}
+
+/* A job in its own folder (log, checkpoints) sharing the generated data. */
+static void write_job(const char *name, int steps, const char *extra)
+{
+    char p[1300], text[4096];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ninit = random\n"
+             "[data]\ntrain = ../data/train.bin\nseq_len = 64\n"
+             "[train]\nmicro_batch = 4\ngrad_accum = 2\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
+             "grad_clip = 1.0\nseed = 7\n"
+             "[checkpoint]\ndir = ckpt\nexport_dtype = fp32\n%s\n"
+             "[runtime]\ndevice = cpu\ngpus = 2\n"
+             "[log]\ndir = log\nevery = 1000\n",
+             tu_src("examples/tiny-qwen3"), steps, extra);
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    tu_rmrf(p);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", p);
+    assert_int_equal(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/%s/job.ini", dir, name);
+    tu_write_file(p, text);
+}
+
+static void job_path(const char *name, const char *rel, char *out, size_t len)
+{
+    snprintf(out, len, "%s/%s/%s", dir, name, rel);
+}
+
+static pid_t start_launcher(const char *name, const char *crash_at)
+{
+    char ini[1300];
+    job_path(name, "job.ini", ini, sizeof ini);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char logp[1300];
+        job_path(name, "launcher.log", logp, sizeof logp);
+        FILE *f = freopen(logp, "a", stdout);
+        (void)f;
+        dup2(1, 2);
+        if (crash_at)
+            setenv("SLIDEDP_CRASH_AT", crash_at, 1);
+        else
+            unsetenv("SLIDEDP_CRASH_AT");
+        execl(tu_bin("slidedp-launch"), "slidedp-launch", ini, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int wait_exit(pid_t pid)
+{
+    int st;
+    if (waitpid(pid, &st, 0) < 0)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int run_job(const char *name, const char *crash_at)
+{
+    return wait_exit(start_launcher(name, crash_at));
+}
+
+static char *final_weights(const char *name, size_t *len)
+{
+    char p[1300];
+    job_path(name, "ckpt/final/model.safetensors", p, sizeof p);
+    char *data = tu_read_file(p, len);
+    if (!data)
+        fail_msg("%s has no final weights", name);
+    return data;
+}
+
+static void job_name_of(const char *name, char *out, size_t len)
+{
+    char ini[1300];
+    job_path(name, "job.ini", ini, sizeof ini);
+    struct job_config job;
+    if (job_config_load(ini, 0, NULL, &job) != 0)
+        fail_msg("%s", sd_errmsg());
+    ctl_job_name(job.log_dir, out, len);
+}
+
+static int shm_objects(const char *job)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    struct dirent *e;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "slidedp.%s.", job);
+    while (d && (e = readdir(d)))
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void show_log(const char *name)
+{
+    char p[1300];
+    job_path(name, "launcher.log", p, sizeof p);
+    char *log = tu_read_file(p, NULL);
+    printf("%s", log ? log : "(no log)\n");
+    free(log);
+}
+
+static void assert_same_weights(const char *name, const char *ref)
+{
+    size_t a_len, b_len;
+    char *a = final_weights(name, &a_len), *b = final_weights(ref, &b_len);
+    if (a_len != b_len || memcmp(a, b, a_len) != 0) {
+        show_log(name);
+        fail_msg("%s: final weights differ from the uninterrupted run %s", name, ref);
+    }
+    free(a);
+    free(b);
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    assert_int_equal(shm_objects(job), 0);
+}
+
+static int metrics_lines(const char *name, int *first, int *last)
+{
+    char p[1300];
+    job_path(name, "log/metrics.jsonl", p, sizeof p);
+    char *text = tu_read_file(p, NULL);
+    assert_non_null(text);
+    int n = 0, expect = 1;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        int step;
+        assert_int_equal(sscanf(line, "{\"step\":%d", &step), 1);
+        if (step != expect)
+            fail_msg("%s: metrics line %d is step %d", name, n + 1, step);
+        expect++;
+        if (n == 0)
+            *first = step;
+        *last = step;
+    }
+    free(text);
+    return n;
+}
+
+/* Kills a random process of the given kind every few hundred ms until the launcher exits; a
+ * process is killed again only after a step has completed since its last death (otherwise this
+ * would be a crash loop, which the launcher rightly stops). */
+static int kill_randomly(pid_t launcher, const char *job, int kind, int min_ms, int max_ms)
+{
+    struct job_shm shm;
+    int kills = 0;
+    uint32_t committed_at_kill[64] = {0};
+    while (job_shm_attach(&shm, job, JOB_MAP_CTL, true) != 0) {
+        if (waitpid(launcher, NULL, WNOHANG) == launcher)
+            fail_msg("launcher exited before the job appeared");
+        usleep(5000);
+    }
+    for (;;) {
+        usleep((useconds_t)(min_ms + (int)rnd((unsigned)(max_ms - min_ms))) * 1000);
+        int st;
+        if (waitpid(launcher, &st, WNOHANG) == launcher) {
+            job_shm_detach(&shm);
+            return WIFEXITED(st) ? (WEXITSTATUS(st) << 16) | kills : -1;
+        }
+        struct ctl_header *h = shm.ctl;
+        int n = kind == PROC_WORKER ? h->gpus : h->optim_procs;
+        int victim = (int)rnd((unsigned)n);
+        uint32_t committed = ctl_committed_step(h);
+        if (kills > 0 && committed <= committed_at_kill[victim])
+            continue;
+        int pid = atomic_load(&ctl_proc(h, kind, victim)->pid);
+        char comm[64] = "", path[64];
+        snprintf(path, sizeof path, "/proc/%d/comm", pid);
+        char *c = tu_read_file(path, NULL);
+        if (c) {
+            snprintf(comm, sizeof comm, "%s", c);
+            free(c);
+        }
+        if (pid > 0 && !strncmp(comm, kind == PROC_WORKER ? "slidedp-worker" : "slidedp-optim", 13) &&
+            kill(pid, SIGKILL) == 0) {
+            kills++;
+            committed_at_kill[victim] = committed;
+        }
+    }
+}
+
+static void test_reference(void **state)
+{
+    write_job("ref", 120, "");
+    assert_int_equal(run_job("ref", NULL), 0);
+    write_job("ref-short", 12, "");
+    assert_int_equal(run_job("ref-short", NULL), 0);
+    int first, last;
+    assert_int_equal(metrics_lines("ref", &first, &last), 120);
+}
+
+static void test_random_worker_kills(void **state)
+{
+    write_job("kill-workers", 120, "");
+    char job[32];
+    job_name_of("kill-workers", job, sizeof job);
+    pid_t pid = start_launcher("kill-workers", NULL);
+    int r = kill_randomly(pid, job, PROC_WORKER, 60, 240);
+    printf("# worker kills: %d, launcher exit %d\n", r & 0xffff, r >> 16);
+    if (r >> 16 != 0)
+        show_log("kill-workers");
+    assert_int_equal(r >> 16, 0);
+    assert_true((r & 0xffff) >= 20);
+    assert_same_weights("kill-workers", "ref");
+    int first, last;
+    assert_int_equal(metrics_lines("kill-workers", &first, &last), 120);
+}
+
+static void test_random_optimizer_kills(void **state)
+{
+    write_job("kill-optims", 120, "");
+    char job[32];
+    job_name_of("kill-optims", job, sizeof job);
+    pid_t pid = start_launcher("kill-optims", NULL);
+    int r = kill_randomly(pid, job, PROC_OPTIM, 60, 240);
+    printf("# optimizer kills: %d, launcher exit %d\n", r & 0xffff, r >> 16);
+    if (r >> 16 != 0)
+        show_log("kill-optims");
+    assert_int_equal(r >> 16, 0);
+    assert_true((r & 0xffff) >= 20);
+    assert_same_weights("kill-optims", "ref");
+}
+
+/* Each named point of the protocol, hit at a varying count, in both workers or both optimizers. */
+static void test_crash_points(void **state)
+{
+    /* how often each point is passed per process in the 12-step job: 12 steps x 2 micro-steps x 4
+     * chunks of gradients per worker, 12 x 4 micro-batches x 2 chunks reduced and 12 x 2 chunk
+     * updates per optimizer */
+    static const struct {
+        const char *name;
+        int passes;
+    } points[] = {
+        {"worker_slot_writing", 96}, {"worker_slot_written", 96}, {"worker_slot_posted", 96},
+        {"worker_pushed", 96},       {"optim_reduce_journaled", 96}, {"optim_reduced", 96},
+        {"optim_freed", 96},         {"optim_update_journaled", 24}, {"optim_updated", 24},
+    };
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
+        char spec[96], name[64];
+        int count = 1 + (int)rnd((unsigned)points[i].passes - 2);
+        snprintf(spec, sizeof spec, "%s:%d", points[i].name, count);
+        snprintf(name, sizeof name, "point-%zu", i);
+        write_job(name, 12, "");
+        int rc = run_job(name, spec);
+        printf("# crash at %s -> exit %d\n", spec, rc);
+        if (rc != 0)
+            show_log(name);
+        assert_int_equal(rc, 0);
+        char logp[1300];
+        job_path(name, "launcher.log", logp, sizeof logp);
+        char *log = tu_read_file(logp, NULL);
+        if (!strstr(log, "died from signal 9"))
+            fail_msg("%s: no process died at %s", name, spec);
+        free(log);
+        assert_same_weights(name, "ref-short");
+    }
+}
+
+static void test_launcher_kills(void **state)
+{
+    write_job("kill-launcher", 120, "");
+    char job[32];
+    job_name_of("kill-launcher", job, sizeof job);
+    int rc = -1;
+    for (int round = 0; round < 4; round++) {
+        pid_t pid = start_launcher("kill-launcher", NULL);
+        if (round == 3) {
+            rc = wait_exit(pid);
+            break;
+        }
+        usleep((useconds_t)(400 + rnd(800)) * 1000);
+        if (kill(pid, SIGKILL) != 0 || wait_exit(pid) != 128 + SIGKILL)
+            fail_msg("the job ended before the launcher could be killed (round %d)", round);
+        /* the state outlives the launcher */
+        assert_int_equal(shm_objects(job), 4);
+    }
+    if (rc != 0)
+        show_log("kill-launcher");
+    assert_int_equal(rc, 0);
+    char logp[1300];
+    job_path("kill-launcher", "launcher.log", logp, sizeof logp);
+    char *log = tu_read_file(logp, NULL);
+    assert_non_null(strstr(log, "adopting the state a dead launcher left"));
+    free(log);
+    assert_same_weights("kill-launcher", "ref");
+    int first, last;
+    assert_int_equal(metrics_lines("kill-launcher", &first, &last), 120);
+}
+
+static void test_sigterm_resume(void **state)
+{
+    write_job("sigterm", 120, "every = 40\nkeep = 2");
+    char job[32];
+    job_name_of("sigterm", job, sizeof job);
+    pid_t pid = start_launcher("sigterm", NULL);
+    usleep((useconds_t)(1500 + rnd(1000)) * 1000);
+    kill(pid, SIGTERM);
+    int rc = wait_exit(pid);
+    if (rc != 130)
+        show_log("sigterm");
+    assert_int_equal(rc, 130);
+    assert_int_equal(shm_objects(job), 0);
+    int first, last;
+    metrics_lines("sigterm", &first, &last);
+    char p[1300], step_dir[64];
+    snprintf(step_dir, sizeof step_dir, "ckpt/step-%d/optimizer.safetensors", last);
+    job_path("sigterm", step_dir, p, sizeof p);
+    printf("# stopped after step %d; checkpoint %s\n", last, p);
+    assert_true(tu_exists(p));
+    assert_true(last > 0 && last < 120);
+    assert_int_equal(run_job("sigterm", NULL), 0);
+    assert_same_weights("sigterm", "ref");
+    assert_int_equal(metrics_lines("sigterm", &first, &last), 120);
+    /* periodic checkpoints: keep = 2 newest (the end of the run is step-120) */
+    job_path("sigterm", "ckpt/step-120/trainer_state.json", p, sizeof p);
+    assert_true(tu_exists(p));
+    job_path("sigterm", "ckpt/step-40", p, sizeof p);
+    assert_false(tu_exists(p));
+}
+
+static void test_crash_loop(void **state)
+{
+    write_job("loop", 12, "");
+    char job[32];
+    job_name_of("loop", job, sizeof job);
+    setenv("SLIDEDP_CRASH_AT_STEP", "5:1", 1);
+    int rc = run_job("loop", NULL);
+    unsetenv("SLIDEDP_CRASH_AT_STEP");
+    show_log("loop");
+    assert_int_equal(rc, 1);
+    assert_int_equal(shm_objects(job), 0);
+    char logp[1300];
+    job_path("loop", "launcher.log", logp, sizeof logp);
+    char *log = tu_read_file(logp, NULL);
+    assert_non_null(strstr(log, "times without a step completing"));
+    free(log);
+    /* the state of the last committed step is on disk */
+    int first, last;
+    metrics_lines("loop", &first, &last);
+    char p[1300], sd[64];
+    snprintf(sd, sizeof sd, "ckpt/step-%d/optimizer.safetensors", last);
+    job_path("loop", sd, p, sizeof p);
+    assert_int_equal(last, 4);
+    assert_true(tu_exists(p));
+}
+
+int main(void)
+{
+    rng = tu_seed("faults", (uint64_t)20261202);
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "faults"));
+    char *out = NULL;
+    if (tu_sh(&out, "%s copy --out %s/data --seq-len 64 --train 2000 --seed 3", tu_bin("slidedp-data"), dir) != 0)
+        fail_msg("slidedp-data failed: %s", out);
+    free(out);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference),
+        cmocka_unit_test(test_random_worker_kills),
+        cmocka_unit_test(test_random_optimizer_kills),
+        cmocka_unit_test(test_crash_points),
+        cmocka_unit_test(test_launcher_kills),
+        cmocka_unit_test(test_sigterm_resume),
+        cmocka_unit_test(test_crash_loop),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (rc == 0)
+        tu_rmrf(dir);
+    return rc;
+}
