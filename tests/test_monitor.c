@@ -756,6 +756,12 @@ int main(void)
             kill(children[i], SIGTERM);
             waitpid(children[i], NULL, 0);
         }
+    if (rc != 0) {
+        /* a launcher stopped during its start-up may leave its shared state behind */
+        char *out;
+        tu_sh(&out, "%s --clean %s/a.ini 2>&1", tu_bin("slidedp-launch"), dir);
+        free(out);
+    }
     tu_rmrf(dir);
     return rc;
 }

@@ -55,6 +55,13 @@ int mon_attach(struct mon *m, const char *name)
     if (job_shm_attach(&m->shm, name, JOB_MAP_CTL, true) != 0)
         return -1;
     const struct ctl_header *h = m->h = m->shm.ctl;
+    if (h->header_size != sizeof *h) {
+        /* the layout changed without a new CTL_VERSION: nothing past the first fields can be read */
+        uint32_t size = h->header_size;
+        mon_detach(m);
+        return sd_err("job %s was started by another build of slidedp (its ctl header has %u bytes, this one %zu)",
+                      name, size, sizeof(struct ctl_header));
+    }
     snprintf(m->name, sizeof m->name, "%s", name);
     /* the launcher stores its pid after the rest of the header (this load pairs with that store) */
     int32_t pid = m->launcher_pid = atomic_load(&h->launcher_pid);
@@ -113,7 +120,7 @@ int mon_list_jobs(struct mon_job_info **jobs, int *count)
         snprintf(name, sizeof name, "%.*s", (int)(len - 12), e->d_name + 8);
         struct mon m;
         if (mon_attach(&m, name) != 0)
-            continue; /* a dead job's leftovers, or one still being created */
+            continue; /* a dead job's leftovers, one still being created, or another build's */
         if (*count == cap) {
             cap = cap ? 2 * cap : 4;
             struct mon_job_info *grown = realloc(*jobs, (size_t)cap * sizeof **jobs);
