@@ -9,7 +9,7 @@ export PATH := $(CUDA_HOME)/bin:$(PATH)
 PKGS := meson ninja-build pkg-config gcc libc6-dev libuv1-dev libopenblas-dev libcmocka-dev \
         libinih-dev libcjson-dev libncurses-dev
 
-.PHONY: all deps build run test clean
+.PHONY: all deps build run test fuzz clean
 
 all: build
 
@@ -42,6 +42,21 @@ run: build
 
 test: build
 	meson test -C $(BUILD) --print-errorlogs
+
+# libFuzzer (clang) on the safetensors and config parsers for FUZZ_SECONDS each; new inputs are
+# merged into tests/fuzz/corpus/.
+FUZZ_SECONDS ?= 180
+FUZZ_SRC := common/err.c common/safetensors.c common/job.c common/model_config.c
+fuzz: deps
+	@mkdir -p $(BUILD)/fuzz
+	@for t in safetensors config; do \
+	  clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -I. \
+	    tests/fuzz/fuzz_$$t.c $(FUZZ_SRC) -lcjson -linih -lm -o $(BUILD)/fuzz/fuzz_$$t || exit 1; \
+	  mkdir -p $(BUILD)/fuzz/$$t; \
+	  $(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/$$t \
+	    tests/fuzz/corpus/$$t tests/fuzz/seeds/$$t || exit 1; \
+	  $(BUILD)/fuzz/fuzz_$$t -merge=1 tests/fuzz/corpus/$$t $(BUILD)/fuzz/$$t; \
+	done
 
 clean:
 	rm -rf $(BUILD) data/tiny runs/tiny

@@ -3,6 +3,7 @@
 #ifndef SD_BF16_H
 #define SD_BF16_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -30,19 +31,43 @@ static inline float f32_round_bf16(float f)
     return bf16_to_f32(f32_to_bf16(f));
 }
 
+/* IEEE half precision, by bit manipulation (portable: no compiler _Float16 support needed). */
 static inline float f16_to_f32(uint16_t h)
 {
-    _Float16 x;
-    memcpy(&x, &h, 2);
-    return (float)x;
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (exp == 0) {
+        float v = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant * 2^-24, exact */
+        memcpy(&u, &v, 4);
+        u |= sign;
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp + 112u) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
+/* Round to nearest even; NaN stays NaN, overflow becomes infinity. */
 static inline uint16_t f32_to_f16(float f)
 {
-    _Float16 x = (_Float16)f;
-    uint16_t h;
-    memcpy(&h, &x, 2);
-    return h;
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t a = x & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return sign | 0x7e00u;
+    if (a >= 0x477ff000u) /* 65520 and above round to infinity */
+        return sign | 0x7c00u;
+    if (a < 0x38800000u) { /* below 2^-14: subnormal; v * 2^24 is exact, rintf rounds to even */
+        float v;
+        memcpy(&v, &a, 4);
+        return sign | (uint16_t)rintf(v * 16777216.0f);
+    }
+    uint32_t r = a - 0x38000000u; /* rebias the exponent from 127 to 15 */
+    r += 0xfffu + ((r >> 13) & 1u);
+    return sign | (uint16_t)(r >> 13);
 }
 
 #endif

@@ -63,6 +63,8 @@ struct sup {
     uint64_t t_prev;   /* commit time of the previous logged step (or workers ready) */
     bool ready_seen;
     bool crash_loop;   /* stopping because a process kept dying */
+    bool fatal_at_start; /* a process could not start: bad input, exit 2 */
+    char metrics_path[JOB_PATH_MAX + 32];
     int pending_restarts;
     char bin_dir[PATH_MAX];
     char **child_env;
@@ -195,8 +197,42 @@ static void publish_stats(struct sup *s, uint32_t step, double loss, const struc
     atomic_store_explicit(&js->seq, seq + 2, memory_order_relaxed);
 }
 
+/* Opens metrics.jsonl (creating log.dir) when its first line is due, so a job that fails to start
+ * leaves nothing behind: for appending after the steps already logged (a resumed or adopted job
+ * keeps its earlier lines and drops any beyond them), or fresh. */
+static int open_metrics(struct sup *s)
+{
+    const char *path = s->metrics_path;
+    if (fs_mkdir_p(s->st.job.log_dir, 0755) != 0)
+        return -1;
+    FILE *old = s->logged > 0 ? fopen(path, "r") : NULL;
+    if (old) {
+        char tmp[JOB_PATH_MAX + 40], line[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *out = fopen(tmp, "w");
+        if (!out) {
+            fclose(old);
+            return sd_err("cannot write %s: %s", tmp, strerror(errno));
+        }
+        while (fgets(line, sizeof line, old)) {
+            unsigned step;
+            if (sscanf(line, "{\"step\":%u", &step) == 1 && step <= s->logged && strchr(line, '\n'))
+                fputs(line, out);
+        }
+        fclose(old);
+        if (fclose(out) != 0 || rename(tmp, path) != 0)
+            return sd_err("cannot write %s: %s", path, strerror(errno));
+    }
+    s->metrics = fopen(path, s->logged > 0 ? "a" : "w");
+    return s->metrics ? 0 : sd_err("cannot write %s: %s", path, strerror(errno));
+}
+
 static int write_metrics(struct sup *s, uint32_t step, const struct step_record *rec)
 {
+    if (!s->metrics && open_metrics(s) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return -1;
+    }
     const struct job_config *job = &s->h->job;
     int G = s->h->gpus;
     double loss = 0;
@@ -273,7 +309,10 @@ static void poll_steps(struct sup *s)
             break;
         if (is_val_step(h, next) && !all_flags(rec->val_done, h->gpus))
             break;
-        write_metrics(s, next, rec);
+        if (write_metrics(s, next, rec) != 0) {
+            transition(s, SUP_FAILED);
+            break;
+        }
         memset((char *)rec + sizeof rec->step, 0, sizeof *rec - sizeof rec->step);
         atomic_store_explicit(&rec->step, next + CTL_STEP_RECORDS, memory_order_release);
         s->logged = next;
@@ -429,10 +468,15 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
     if (!clean && s->state != SUP_FAILED) {
         if (term_signal)
             fprintf(stderr, "slidedp-launch: %s %d died from signal %d\n", what, c->index, term_signal);
-        else
+        else if (status != 2)
             fprintf(stderr, "slidedp-launch: %s %d exited with status %lld\n", what, c->index, (long long)status);
-        if (status == 2)
-            transition(s, SUP_FAILED); /* fatal by the exit-code protocol: never restarted */
+        if (status == 2) {
+            /* fatal by the exit-code protocol (it printed why): never restarted; before the first
+             * step nothing was written, so this is bad input like any other */
+            if (ctl_committed_step(s->h) == s->st.resumed_step && !s->st.adopted)
+                s->fatal_at_start = true;
+            transition(s, SUP_FAILED);
+        }
         else if (s->state == SUP_RUN)
             handle_crash(s, c);
         else if (c->kind == PROC_OPTIM && s->state != SUP_FINISHING)
@@ -442,32 +486,6 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
     if (s->state == SUP_STOPPING && s->workers_running == 0)
         transition(s, SUP_DRAINING);
     maybe_finish(s);
-}
-
-/* Opens metrics.jsonl for appending after the steps already logged (a resumed or adopted job
- * keeps its earlier lines and drops any beyond them), or fresh. */
-static int open_metrics(struct sup *s, const char *path)
-{
-    FILE *old = s->logged > 0 ? fopen(path, "r") : NULL;
-    if (old) {
-        char tmp[JOB_PATH_MAX + 40], line[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        FILE *out = fopen(tmp, "w");
-        if (!out) {
-            fclose(old);
-            return sd_err("cannot write %s: %s", tmp, strerror(errno));
-        }
-        while (fgets(line, sizeof line, old)) {
-            unsigned step;
-            if (sscanf(line, "{\"step\":%u", &step) == 1 && step <= s->logged && strchr(line, '\n'))
-                fputs(line, out);
-        }
-        fclose(old);
-        if (fclose(out) != 0 || rename(tmp, path) != 0)
-            return sd_err("cannot write %s: %s", path, strerror(errno));
-    }
-    s->metrics = fopen(path, s->logged > 0 ? "a" : "w");
-    return s->metrics ? 0 : sd_err("cannot write %s: %s", path, strerror(errno));
 }
 
 static void on_signal(uv_signal_t *sig, int signum)
@@ -642,9 +660,8 @@ int launch_run(const struct launch_opts *opts)
         printf("slidedp: resuming from checkpoint step-%u\n", s->st.resumed_step);
     }
     s->logged = s->commits_seen = atomic_load(&s->h->metrics_step);
-    char metrics_path[JOB_PATH_MAX + 32];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", job->log_dir);
-    if (fs_mkdir_p(job->log_dir, 0755) != 0 || open_metrics(s, metrics_path) != 0) {
+    snprintf(s->metrics_path, sizeof s->metrics_path, "%s/metrics.jsonl", job->log_dir);
+    if (s->logged > 0 && open_metrics(s) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         state_destroy(&s->st);
         return 2;
@@ -685,9 +702,12 @@ int launch_run(const struct launch_opts *opts)
     maybe_finish(s);
     uv_run(s->loop, UV_RUN_DEFAULT);
     uv_loop_close(s->loop);
-    fclose(s->metrics);
+    if (s->metrics)
+        fclose(s->metrics);
     state_destroy(&s->st);
-    if (s->crash_loop)
+    if (s->fatal_at_start)
+        s->exit_code = 2;
+    else if (s->crash_loop)
         fprintf(stderr, "slidedp-launch: job stopped: a process kept dying\n");
     else if (s->exit_code != 0 && s->exit_code != 130)
         fprintf(stderr, "slidedp-launch: job failed (state %s)\n", state_name(s->state));

@@ -160,8 +160,17 @@ static int check_existing_state(const struct job_state *st)
 {
     char name[REGION_NAME_MAX];
     ctl_region_name(st->job_name, "ctl", name, sizeof name);
-    if (!shm_region_exists(name))
+    if (!shm_region_exists(name)) {
+        /* ctl is created first and removed first: without it, any other object of this job is a
+         * leftover of a launcher that died while creating or removing the state */
+        const char *rest[3] = {"params16", "master", "grads"};
+        for (int i = 0; i < 3; i++) {
+            char other[REGION_NAME_MAX];
+            ctl_region_name(st->job_name, rest[i], other, sizeof other);
+            shm_region_unlink(other);
+        }
         return 0;
+    }
     struct shm_region r;
     int pid = 0;
     bool same = false;

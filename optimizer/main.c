@@ -30,9 +30,8 @@ int main(int argc, char **argv)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1)
         return 1;
-    if (optim_run(&args) != 0) {
-        fprintf(stderr, "slidedp-optim %d: %s\n", args.index, sd_errmsg());
-        return 1;
-    }
-    return 0;
+    int rc = optim_run(&args);
+    if (rc != 0)
+        fprintf(stderr, "slidedp-launch: optimizer %d: %s\n", args.index, sd_errmsg());
+    return rc;
 }

@@ -372,10 +372,12 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
 int optim_run(const struct optim_args *args)
 {
     struct optim *o = calloc(1, sizeof *o);
-    if (!o)
-        return sd_err("out of memory");
+    if (!o) {
+        sd_err("out of memory");
+        return 2;
+    }
     if (optim_setup(o, args) != 0)
-        return -1;
+        return 2;
     struct ctl_header *h = o->ctl;
     bool during_backward = h->plan.update_mode == UPDATE_DURING_BACKWARD;
     /* Resume at the first step one of our chunks has not been updated for. */

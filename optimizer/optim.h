@@ -10,7 +10,8 @@ struct optim_args {
     int index;
 };
 
-/* Returns 0 after the last step or a clean stop, -1 on error (sd_err). */
+/* Returns 0 after the last step or a clean stop; on an error sets sd_err and returns 2 when the
+ * process could not start (never worth restarting) or 1. */
 int optim_run(const struct optim_args *args);
 
 #endif

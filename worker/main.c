@@ -34,9 +34,8 @@ int main(int argc, char **argv)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1)
         return 1;
-    if (worker_run(&args) != 0) {
-        fprintf(stderr, "slidedp-worker %d: %s\n", args.rank, sd_errmsg());
-        return 1;
-    }
-    return 0;
+    int rc = worker_run(&args);
+    if (rc != 0)
+        fprintf(stderr, "slidedp-launch: worker %d: %s\n", args.rank, sd_errmsg());
+    return rc;
 }

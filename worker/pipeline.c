@@ -70,6 +70,14 @@ static void set_phase(struct worker *w, int phase)
     atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
 }
 
+/* Shows a waiting phase while blocked, then the phase we were in before. */
+static uint32_t begin_wait(struct worker *w, int phase)
+{
+    uint32_t prev = atomic_load_explicit(&w->slot->phase, memory_order_relaxed);
+    set_phase(w, phase);
+    return prev;
+}
+
 /* Exits the process when the job is being torn down while we wait; nothing we hold needs saving:
  * the launcher repairs rings and slots of dead or departed workers. */
 static void bail_if_stopped(struct worker *w)
@@ -88,6 +96,7 @@ static const uint16_t *wait_version(struct worker *w, int c)
     const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
     uint64_t t0 = clock_ns();
     const uint16_t *src = NULL;
+    uint32_t prev_phase = UINT32_MAX;
     for (;;) {
         /* acquire: pairs with the optimizer's release stores of version / upd_step */
         uint32_t v = atomic_load_explicit(&cs->version, memory_order_acquire);
@@ -105,10 +114,13 @@ static const uint16_t *wait_version(struct worker *w, int c)
                     w->need_version);
             abort();
         }
-        set_phase(w, PHASE_WAIT_WEIGHTS);
+        if (prev_phase == UINT32_MAX)
+            prev_phase = begin_wait(w, PHASE_WAIT_WEIGHTS);
         futex_wait(&cs->version, v, WAIT_SLICE_MS);
         bail_if_stopped(w);
     }
+    if (prev_phase != UINT32_MAX)
+        set_phase(w, (int)prev_phase);
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
     return src + ch->offset;
 }
@@ -234,7 +246,7 @@ static void io_grads_done(void *ctx, int c, float *grad)
         bail_if_stopped(w);
     }
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
-    set_phase(w, PHASE_BACKWARD);
+    set_phase(w, PHASE_BACKWARD); /* gradients are only posted during the backward */
 
     uint32_t seq = (SLOT_SEQ(word) + 1) & 0x3fffffffu;
     atomic_store_explicit(&ss->state, SLOT_WORD(seq, SLOT_WRITING), memory_order_relaxed);
@@ -367,7 +379,7 @@ static int train_step(struct worker *w, uint32_t s)
     int64_t seq_index[4096];
     SD_ASSERT(w->mb <= 4096);
     for (int a = (int)first; a < w->A; a++) {
-        uint64_t t0 = clock_ns();
+        uint64_t t0 = clock_ns(), wait0 = atomic_load_explicit(&w->slot->wait_ns, memory_order_relaxed);
         for (int i = 0; i < w->mb; i++)
             seq_index[i] = data_seq_index(s, a, w->rank, i, w->A, w->G, w->mb);
         if (load_rows(w, &w->train, seq_index, w->mb) != 0)
@@ -383,7 +395,8 @@ static int train_step(struct worker *w, uint32_t s)
         save_loss_progress(w, s, (uint32_t)a + 1, loss_sum);
         w->recovering = false;
         atomic_fetch_add_explicit(&w->slot->items, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&w->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
+        uint64_t waited = atomic_load_explicit(&w->slot->wait_ns, memory_order_relaxed) - wait0;
+        atomic_fetch_add_explicit(&w->slot->busy_ns, clock_ns() - t0 - waited, memory_order_relaxed);
     }
     rec->loss_sum[w->rank] = loss_sum;
     /* release: the loss sum above is visible to the launcher once it sees the flag */
@@ -525,10 +538,12 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
 int worker_run(const struct worker_args *args)
 {
     struct worker *w = calloc(1, sizeof *w);
-    if (!w)
-        return sd_err("out of memory");
+    if (!w) {
+        sd_err("out of memory");
+        return 2;
+    }
     if (worker_setup(w, args) != 0)
-        return -1;
+        return 2;
     struct ctl_header *h = w->ctl;
     /* A restarted worker resumes at the first uncommitted step; what it already posted there is
      * recognised and not posted twice. */
@@ -537,7 +552,7 @@ int worker_run(const struct worker_args *args)
     atomic_fetch_add(&h->workers_ready, 1);
     if (committed >= 1 && is_val_step(h, w->have_val, committed) &&
         !atomic_load(&ctl_step(h, committed)->val_done[w->rank]) && eval_step(w, committed) != 0)
-        return -1;
+        return 1;
     for (uint32_t s = committed + 1; s <= (uint32_t)h->job.steps; s++) {
         if (!may_start_step(w, s))
             break;
@@ -552,9 +567,9 @@ int worker_run(const struct worker_args *args)
         fault_step(s, w->rank);
         struct step_record *rec = ctl_step(h, s);
         if (!atomic_load_explicit(&rec->rank_done[w->rank], memory_order_acquire) && train_step(w, s) != 0)
-            return -1;
+            return 1;
         if (is_val_step(h, w->have_val, s) && !atomic_load(&rec->val_done[w->rank]) && eval_step(w, s) != 0)
-            return -1;
+            return 1;
     }
     set_phase(w, PHASE_DONE);
     return 0;

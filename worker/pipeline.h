@@ -13,7 +13,8 @@ struct worker_args {
     int device_index; /* CUDA ordinal for this rank */
 };
 
-/* Runs until the last step (returns 0), a stop request (returns 0), or an error (-1, sd_err). */
+/* Runs until the last step or a stop request (returns 0); on an error sets sd_err and returns 2
+ * when the worker could not start (bad input, not enough memory: never worth restarting) or 1. */
 int worker_run(const struct worker_args *args);
 
 #endif
