@@ -149,8 +149,10 @@ struct doorbell {
     alignas(64) _Atomic uint32_t seq;
 };
 
-/* A worker's loss over the micro-steps of a step it has fully posted, in two alternating copies:
- * `done` is cleared before `sum` changes and set after, so a crash leaves one valid copy. */
+/* A worker's loss over its first `done` micro-steps of a step, saved as soon as each micro-step's
+ * loss is known (before its backward), in two alternating copies: `done` is cleared before `sum`
+ * changes and set after, so a crash leaves the copies for the last two micro-steps, one of which
+ * matches the micro-steps whose gradients were all posted (`posted`). */
 struct loss_progress {
     _Atomic uint32_t done; /* micro-steps included; 0 while being written */
     double sum;
@@ -164,6 +166,7 @@ struct step_record {
     _Atomic uint8_t rank_done[JOB_MAX_GPUS];   /* the rank posted every gradient of the step */
     _Atomic uint8_t val_done[JOB_MAX_GPUS];    /* the rank wrote its validation sums */
     struct loss_progress loss[JOB_MAX_GPUS][2];
+    _Atomic uint32_t posted[JOB_MAX_GPUS];     /* micro-steps whose gradients are all posted, per rank */
     double loss_sum[JOB_MAX_GPUS];             /* written before rank_done */
     double val_loss_sum[JOB_MAX_GPUS];
     int64_t val_count[JOB_MAX_GPUS];

@@ -254,6 +254,8 @@ static void test_random_optimizer_kills(void **state)
 /* Each named point of the protocol, hit at a varying count, in both workers or both optimizers. */
 static void test_crash_points(void **state)
 {
+    const char *env = getenv("SLIDEDP_TEST_POINT_SEED");
+    uint64_t point_rng = tu_seed("crash points", env ? strtoull(env, NULL, 10) : 11);
     /* how often each point is passed per process in the 12-step job: 12 steps x 2 micro-steps x 4
      * chunks of gradients per worker, 12 x 4 micro-batches x 2 chunks reduced and 12 x 2 chunk
      * updates per optimizer */
@@ -264,10 +266,13 @@ static void test_crash_points(void **state)
         {"worker_slot_writing", 96}, {"worker_slot_written", 96}, {"worker_slot_posted", 96},
         {"worker_pushed", 96},       {"optim_reduce_journaled", 96}, {"optim_reduced", 96},
         {"optim_freed", 96},         {"optim_update_journaled", 24}, {"optim_updated", 24},
+        /* the very last gradient and update: the step commits while its worker is dead */
+        {"worker_pushed", -96},      {"optim_updated", -24},
     };
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
         char spec[96], name[64];
-        int count = 1 + (int)rnd((unsigned)points[i].passes - 2);
+        int count = points[i].passes < 0 ? -points[i].passes
+                                         : 1 + (int)(tu_uniform(&point_rng) * (float)points[i].passes) % points[i].passes;
         snprintf(spec, sizeof spec, "%s:%d", points[i].name, count);
         snprintf(name, sizeof name, "point-%zu", i);
         write_job(name, 12, "");

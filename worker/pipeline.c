@@ -42,7 +42,8 @@ struct worker {
 
     int next_grad_slot;
     uint32_t step, micro;  /* descriptor fields of the current micro-batch */
-    double micro_loss;     /* masked loss sum of the current micro-batch */
+    uint32_t micro_index;  /* a, the micro-step within the step */
+    double loss_sum;       /* masked loss over this rank's micro-steps of the step so far */
     const uint8_t *row_mask_cur;
     /* After a restart, the micro-batch the previous incarnation may have partly posted: its
      * chunks that already reached the optimizer are not posted again. */
@@ -279,13 +280,19 @@ static void io_grads_done(void *ctx, int c, float *grad)
     atomic_fetch_add_explicit(&w->slot->bytes_out, msg.bytes, memory_order_relaxed);
 }
 
+static void save_loss_progress(struct worker *w, uint32_t s, uint32_t done, double sum);
+
+/* The micro-step's loss is saved before its gradients go out: once they all have, the step may
+ * commit, and its loss must survive a crash. */
 static void io_loss_done(void *ctx, const float *loss_rows, int n)
 {
     struct worker *w = ctx;
-    w->micro_loss = 0;
+    double micro = 0;
     for (int i = 0; i < n; i++)
         if (w->row_mask_cur[i])
-            w->micro_loss += (double)loss_rows[i];
+            micro += (double)loss_rows[i];
+    w->loss_sum += micro;
+    save_loss_progress(w, w->step, w->micro_index + 1, w->loss_sum);
 }
 
 /* Records that micro-steps [0, done) of step s are posted, with their loss sum (crash-safe). */
@@ -297,20 +304,23 @@ static void save_loss_progress(struct worker *w, uint32_t s, uint32_t done, doub
     atomic_store_explicit(&lp->done, done, memory_order_release);
 }
 
-static uint32_t load_loss_progress(struct worker *w, uint32_t s, double *sum)
+/* The saved loss over the first `done` micro-steps of step s (0 when done is 0). */
+static double loss_through(struct worker *w, uint32_t s, uint32_t done)
+{
+    if (done == 0)
+        return 0;
+    struct loss_progress *lp = &ctl_step(w->ctl, s)->loss[w->rank][done & 1];
+    SD_ASSERT(atomic_load_explicit(&lp->done, memory_order_acquire) == done);
+    return lp->sum;
+}
+
+/* Marks the rank's part of step s complete: its loss, then the flag the launcher waits for. */
+static void finish_rank(struct worker *w, uint32_t s)
 {
     struct step_record *rec = ctl_step(w->ctl, s);
-    uint32_t best = 0;
-    *sum = 0;
-    for (int i = 0; i < 2; i++) {
-        struct loss_progress *lp = &rec->loss[w->rank][i];
-        uint32_t d = atomic_load_explicit(&lp->done, memory_order_acquire);
-        if (d > best) {
-            best = d;
-            *sum = lp->sum;
-        }
-    }
-    return best;
+    rec->loss_sum[w->rank] = loss_through(w, s, (uint32_t)w->A);
+    /* release: the loss sum above is visible to the launcher once it sees the flag */
+    atomic_store_explicit(&rec->rank_done[w->rank], 1, memory_order_release);
 }
 
 /* Loads micro-batch rows: sequence indices from the order contract. */
@@ -370,8 +380,8 @@ static int train_step(struct worker *w, uint32_t s)
     io.ctx = w;
     w->need_version = s - 1;
     w->step = s;
-    double loss_sum;
-    uint32_t first = load_loss_progress(w, s, &loss_sum);
+    uint32_t first = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire);
+    w->loss_sum = loss_through(w, s, first);
     if (w->recovering) {
         w->recover_step = s;
         w->recover_micro = first * (uint32_t)w->G + (uint32_t)w->rank;
@@ -388,19 +398,17 @@ static int train_step(struct worker *w, uint32_t s)
         for (int i = 0; i < n; i++)
             w->row_scale[i] = w->mask[i] ? (float)(1.0 / (double)ntargets) : 0.0f;
         w->micro = (uint32_t)(a * w->G + w->rank);
+        w->micro_index = (uint32_t)a;
         w->row_mask_cur = w->mask;
         set_phase(w, PHASE_FORWARD);
         model_train_step(&w->model, &io, w->tokens, w->targets, w->row_scale, w->loss_rows, NULL);
-        loss_sum += w->micro_loss;
-        save_loss_progress(w, s, (uint32_t)a + 1, loss_sum);
+        atomic_store_explicit(&rec->posted[w->rank], (uint32_t)a + 1, memory_order_release);
         w->recovering = false;
         atomic_fetch_add_explicit(&w->slot->items, 1, memory_order_relaxed);
         uint64_t waited = atomic_load_explicit(&w->slot->wait_ns, memory_order_relaxed) - wait0;
         atomic_fetch_add_explicit(&w->slot->busy_ns, clock_ns() - t0 - waited, memory_order_relaxed);
     }
-    rec->loss_sum[w->rank] = loss_sum;
-    /* release: the loss sum above is visible to the launcher once it sees the flag */
-    atomic_store_explicit(&rec->rank_done[w->rank], 1, memory_order_release);
+    finish_rank(w, s);
     w->recovering = false;
     return 0;
 }
@@ -549,6 +557,11 @@ int worker_run(const struct worker_args *args)
      * recognised and not posted twice. */
     uint32_t committed = ctl_committed_step(h);
     w->recovering = atomic_load(&w->slot->restarts) > 0;
+    /* The last committed step has all our gradients, but we may have died before marking it done
+     * (its loss is saved: it was saved before the last gradient went out). */
+    struct step_record *last = ctl_step(h, committed);
+    if (committed >= 1 && atomic_load(&last->step) == committed && !atomic_load(&last->rank_done[w->rank]))
+        finish_rank(w, committed);
     atomic_fetch_add(&h->workers_ready, 1);
     if (committed >= 1 && is_val_step(h, w->have_val, committed) &&
         !atomic_load(&ctl_step(h, committed)->val_done[w->rank]) && eval_step(w, committed) != 0)
