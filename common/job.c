@@ -62,7 +62,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "gpus", K_INT, OFF(gpus), 1, JOB_MAX_GPUS, NULL, 0},
     {"runtime", "gpu_mem", K_BYTES_AUTO, OFF(gpu_mem), 0, 0, NULL, 0},
     {"runtime", "optim_procs", K_INT, OFF(optim_procs), 0, 256, NULL, 0},
-    {"runtime", "optim_threads", K_INT, OFF(optim_threads), 0, 1024, NULL, 0},
+    {"runtime", "optim_threads", K_INT, OFF(optim_threads), 0, 32, NULL, 0},
     {"runtime", "layers_per_chunk", K_INT, OFF(layers_per_chunk), 0, 1 << 16, NULL, 0},
     {"runtime", "chunk_buffers", K_INT, OFF(chunk_buffers), 0, 1 << 16, NULL, 0},
     {"runtime", "grad_slots", K_INT, OFF(grad_slots), 0, 1 << 16, NULL, 0},

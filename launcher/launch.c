@@ -347,8 +347,9 @@ static bool state_consistent(struct ctl_header *h, uint32_t step)
             return false;
     }
     for (int k = 0; k < h->optim_procs; k++)
-        if (atomic_load(&ctl_journal(h, k)->state) == JOURNAL_UPDATE)
-            return false;
+        for (int t = 0; t < h->plan.optim_threads; t++)
+            if (atomic_load(&ctl_journal(h, k, t)->state) == JOURNAL_UPDATE)
+                return false;
     return true;
 }
 

@@ -396,7 +396,8 @@ int state_create(struct job_state *st)
         return -1;
     struct ctl_sizes sz;
     bool keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
-    int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.grad_slots, st->lay.num_tensors,
+    int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
+                               st->lay.num_tensors,
                                st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel, keep_prev, &sz);
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);

@@ -2,15 +2,20 @@
  * once the global norm is known (needed for clipping; the update then overlaps the next step's
  * forward), or during the backward, each chunk as soon as its gradient is complete.
  *
+ * The blocks of a chunk are split between the process's threads in fixed ranges.
+ *
  * Crash safety: every write to master, m, v, params16 and the gradient accumulator goes through a
- * journaled staging block (shm/ctl.h struct journal), and the progress of the current reduction or
- * update is kept per chunk, so a restarted optimizer finishes exactly what its predecessor began:
+ * journaled staging block per thread (shm/ctl.h struct journal), and the progress of the current
+ * reduction or update is kept per chunk and thread, so a restarted optimizer finishes exactly what
+ * its predecessor began:
  * no block is half-written, no micro-batch is added twice, no update is applied twice. Descriptors
  * are consumed in the order add -> progress -> free the slot (compare-and-swap on its fill
  * sequence) -> pop, so whichever step a crash interrupts, the restart can tell what is done. */
 #include "optim.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,19 +30,48 @@
 
 #define WAIT_SLICE_MS 100
 
+/* One optimizer thread's journal and staging block. */
+struct lane {
+    struct journal *journal;
+    float *stage_p, *stage_m, *stage_v;
+    uint16_t *stage_p16;
+};
+
+/* A block of an update: a piece of one tensor (so it has one weight decay). */
+struct update_item {
+    uint64_t offset; /* elements from the start of the parameter space */
+    uint32_t n;
+    bool decay;
+};
+
+struct optim;
+typedef void (*lane_fn)(struct optim *o, int t);
+
 struct optim {
     struct job_shm shm;
     struct ctl_header *ctl;
     struct proc_slot *slot;
-    struct journal *journal;
-    float *stage_p, *stage_m, *stage_v;
-    uint16_t *stage_p16;
     int index;
     uint32_t generation;
     int *chunks; /* owned, ascending */
     int num_chunks;
     uint32_t total_micro;
     enum adamw_isa isa;
+
+    /* threads: lane 0 is the main thread; the others run `job` between two barriers */
+    int threads;
+    struct lane lanes[CTL_MAX_OPTIM_THREADS];
+    pthread_t tids[CTL_MAX_OPTIM_THREADS];
+    pthread_barrier_t start, done;
+    lane_fn job;
+
+    /* the operation the lanes share */
+    int op_chunk;
+    const struct chunk_desc_msg *op_desc;
+    struct adamw_step op_step;
+    struct update_item **items; /* per chunk: its update blocks, in order */
+    uint32_t *num_items;
+    double *block_sumsq;        /* per reduction block of the chunk */
 };
 
 static void set_phase(struct optim *o, int phase)
@@ -52,39 +86,77 @@ static bool torn_down(struct optim *o)
            getppid() == 1;
 }
 
-/* Copies the journaled staging block into place (idempotent: a restart repeats it). */
-static void journal_apply(struct optim *o)
+static void *lane_main(void *arg)
 {
-    struct journal *j = o->journal;
+    struct optim *o = ((void **)arg)[0];
+    int t = (int)(intptr_t)((void **)arg)[1];
+    free(arg);
+    for (;;) {
+        pthread_barrier_wait(&o->start);
+        o->job(o, t);
+        pthread_barrier_wait(&o->done);
+    }
+    return NULL;
+}
+
+/* Runs fn on every lane (this thread is lane 0) and returns when all are done. */
+static void run_lanes(struct optim *o, lane_fn fn)
+{
+    if (o->threads == 1) {
+        fn(o, 0);
+        return;
+    }
+    o->job = fn;
+    pthread_barrier_wait(&o->start);
+    fn(o, 0);
+    pthread_barrier_wait(&o->done);
+}
+
+/* The blocks [begin, end) of n a lane owns: a fixed split, so a restart resumes the same ranges. */
+static uint32_t lane_begin(uint32_t n, int threads, int t)
+{
+    return (uint32_t)((uint64_t)n * (uint64_t)t / (uint64_t)threads);
+}
+
+static uint32_t reduce_blocks(const struct chunk_desc *ch)
+{
+    return (uint32_t)((ch->numel + JOURNAL_BLOCK - 1) / JOURNAL_BLOCK);
+}
+
+/* Copies a lane's journaled staging block into place (idempotent: a restart repeats it). */
+static void journal_apply(struct optim *o, struct lane *l)
+{
+    struct journal *j = l->journal;
     size_t off = j->offset, n = j->n;
     if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE) {
-        memcpy(o->shm.grad_acc + off, o->stage_p, n * sizeof(float));
+        memcpy(o->shm.grad_acc + off, l->stage_p, n * sizeof(float));
     } else {
-        memcpy(o->shm.master + off, o->stage_p, n * sizeof(float));
-        memcpy(o->shm.exp_avg + off, o->stage_m, n * sizeof(float));
-        memcpy(o->shm.exp_avg_sq + off, o->stage_v, n * sizeof(float));
-        memcpy(o->shm.params16 + off, o->stage_p16, n * sizeof(uint16_t));
+        memcpy(o->shm.master + off, l->stage_p, n * sizeof(float));
+        memcpy(o->shm.exp_avg + off, l->stage_m, n * sizeof(float));
+        memcpy(o->shm.exp_avg_sq + off, l->stage_v, n * sizeof(float));
+        memcpy(o->shm.params16 + off, l->stage_p16, n * sizeof(uint16_t));
     }
 }
 
-static void journal_commit(struct optim *o, int kind, uint32_t chunk, uint32_t step, uint32_t micro, size_t off,
-                           size_t n)
+static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t chunk, uint32_t step, uint32_t micro,
+                           uint32_t block, size_t off, size_t n)
 {
-    struct journal *j = o->journal;
+    struct journal *j = l->journal;
     j->chunk = chunk;
     j->step = step;
     j->micro = micro;
+    j->block = block;
     j->offset = off;
     j->n = n;
     /* release: the staging block and the fields above are complete before the record is valid */
     atomic_store_explicit(&j->state, (uint32_t)kind, memory_order_release);
     fault_point(kind == JOURNAL_REDUCE ? "optim_reduce_journaled" : "optim_update_journaled");
-    journal_apply(o);
+    journal_apply(o, l);
 }
 
-static void journal_clear(struct optim *o)
+static void journal_clear(struct lane *l)
 {
-    atomic_store_explicit(&o->journal->state, JOURNAL_EMPTY, memory_order_release);
+    atomic_store_explicit(&l->journal->state, JOURNAL_EMPTY, memory_order_release);
 }
 
 /* ---- reduction ---- */
@@ -102,8 +174,44 @@ static void release_desc(struct optim *o, struct ring *ring, const struct chunk_
     ring_pop(ring);
 }
 
-/* Adds one micro-batch's gradient of a chunk (resuming at red_offset), block by block through the
- * journal; finishes the chunk when it was the last micro-batch. Returns true in that case. */
+/* Lane t adds its blocks of the descriptor's gradient to the accumulator. */
+static void reduce_lane(struct optim *o, int t)
+{
+    const struct chunk_desc_msg *d = o->op_desc;
+    const struct chunk_desc *ch = &ctl_chunks(o->ctl)[d->chunk];
+    struct chunk_state *cs = ctl_chunk_state(o->ctl, (int)d->chunk);
+    struct lane *l = &o->lanes[t];
+    const float *src = job_grad_slot(&o->shm, d->rank, d->slot);
+    uint32_t nb = reduce_blocks(ch), end = lane_begin(nb, o->threads, t + 1);
+    for (uint32_t b = atomic_load_explicit(&cs->red_done[t], memory_order_acquire); b < end; b++) {
+        size_t i = (size_t)b * JOURNAL_BLOCK, n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i
+                                                                                          : JOURNAL_BLOCK;
+        if (d->micro == 0) {
+            memcpy(l->stage_p, src + i, n * sizeof(float));
+        } else {
+            memcpy(l->stage_p, o->shm.grad_acc + ch->offset + i, n * sizeof(float));
+            grad_accumulate(l->stage_p, src + i, n, 0);
+        }
+        journal_commit(o, l, JOURNAL_REDUCE, d->chunk, d->step, d->micro, b, (size_t)ch->offset + i, n);
+        atomic_store_explicit(&cs->red_done[t], b + 1, memory_order_release);
+        journal_clear(l);
+    }
+}
+
+/* Lane t's blocks' squared norms, kept per block so the sum's order does not depend on lanes. */
+static void sumsq_lane(struct optim *o, int t)
+{
+    const struct chunk_desc *ch = &ctl_chunks(o->ctl)[o->op_chunk];
+    uint32_t nb = reduce_blocks(ch);
+    for (uint32_t b = lane_begin(nb, o->threads, t); b < lane_begin(nb, o->threads, t + 1); b++) {
+        size_t i = (size_t)b * JOURNAL_BLOCK;
+        size_t n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i : JOURNAL_BLOCK;
+        o->block_sumsq[b] = sumsq_f32(o->shm.grad_acc + ch->offset + i, n);
+    }
+}
+
+/* Adds one micro-batch's gradient of a chunk (resuming where each lane stopped); finishes the
+ * chunk when it was the last micro-batch. Returns true in that case. */
 static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
 {
     struct ctl_header *h = o->ctl;
@@ -111,37 +219,32 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     struct chunk_state *cs = ctl_chunk_state(h, (int)d->chunk);
     uint64_t t0 = clock_ns();
     set_phase(o, PHASE_REDUCE);
-    const float *src = job_grad_slot(&o->shm, d->rank, d->slot);
-    size_t numel = (size_t)ch->numel;
     uint64_t key = micro_key(d->step, d->micro);
     if (atomic_load_explicit(&cs->red_key, memory_order_acquire) != key) {
-        /* offset first: a crash between the two stores leaves a stale key and a zero offset */
-        atomic_store_explicit(&cs->red_offset, 0, memory_order_release);
+        /* progress first: a crash between these stores leaves a stale key and fresh progress */
+        for (int t = 0; t < o->threads; t++)
+            atomic_store_explicit(&cs->red_done[t], lane_begin(reduce_blocks(ch), o->threads, t),
+                                  memory_order_release);
         atomic_store_explicit(&cs->red_key, key, memory_order_release);
     }
-    for (size_t i = atomic_load_explicit(&cs->red_offset, memory_order_acquire); i < numel; i += JOURNAL_BLOCK) {
-        size_t n = numel - i < JOURNAL_BLOCK ? numel - i : JOURNAL_BLOCK;
-        if (d->micro == 0) {
-            memcpy(o->stage_p, src + i, n * sizeof(float));
-        } else {
-            memcpy(o->stage_p, o->shm.grad_acc + ch->offset + i, n * sizeof(float));
-            grad_accumulate(o->stage_p, src + i, n, 0);
-        }
-        journal_commit(o, JOURNAL_REDUCE, d->chunk, d->step, d->micro, (size_t)ch->offset + i, n);
-        atomic_store_explicit(&cs->red_offset, i + n, memory_order_release);
-        journal_clear(o);
-    }
+    o->op_desc = d;
+    run_lanes(o, reduce_lane);
     atomic_fetch_add_explicit(&o->slot->bytes_in, d->bytes, memory_order_relaxed);
-    atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
     fault_point("optim_reduced");
     bool last = d->micro + 1 == o->total_micro;
     if (last) {
-        cs->sumsq[d->step & 1] = sumsq_f32(o->shm.grad_acc + ch->offset, numel);
+        o->op_chunk = (int)d->chunk;
+        run_lanes(o, sumsq_lane);
+        double total = 0;
+        for (uint32_t b = 0; b < reduce_blocks(ch); b++)
+            total += o->block_sumsq[b];
+        cs->sumsq[d->step & 1] = total;
         /* release: the sumsq above is visible to whoever sees reduced_step reach the step */
         atomic_store_explicit(&cs->reduced_step, d->step, memory_order_release);
     } else {
         atomic_store_explicit(&cs->next_micro, micro_key(d->step, d->micro + 1), memory_order_release);
     }
+    atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
     if (last) {
         atomic_fetch_add_explicit(&h->reduce_seq, 1, memory_order_release);
         futex_wake_all(&h->reduce_seq);
@@ -151,18 +254,35 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
 
 /* ---- update ---- */
 
-static bool prev_copy_needed(struct optim *o)
+/* Lane t applies AdamW to its blocks of the chunk. */
+static void update_lane(struct optim *o, int t)
 {
-    return o->ctl->keep_prev;
+    int c = o->op_chunk;
+    struct chunk_state *cs = ctl_chunk_state(o->ctl, c);
+    struct lane *l = &o->lanes[t];
+    struct adamw_step st = o->op_step;
+    float wd = st.weight_decay;
+    uint32_t ni = o->num_items[c], end = lane_begin(ni, o->threads, t + 1);
+    for (uint32_t b = atomic_load_explicit(&cs->upd_done[t], memory_order_acquire); b < end; b++) {
+        const struct update_item *it = &o->items[c][b];
+        size_t off = it->offset, n = it->n;
+        st.weight_decay = it->decay ? wd : 0.0f;
+        memcpy(l->stage_p, o->shm.master + off, n * sizeof(float));
+        memcpy(l->stage_m, o->shm.exp_avg + off, n * sizeof(float));
+        memcpy(l->stage_v, o->shm.exp_avg_sq + off, n * sizeof(float));
+        adamw_update(o->isa, &st, l->stage_p, l->stage_m, l->stage_v, o->shm.grad_acc + off, l->stage_p16, n);
+        journal_commit(o, l, JOURNAL_UPDATE, (uint32_t)c, (uint32_t)st.step, 0, b, off, n);
+        atomic_store_explicit(&cs->upd_done[t], b + 1, memory_order_release);
+        journal_clear(l);
+    }
 }
 
-/* AdamW on one chunk for step s, resuming at upd_offset, then publishes version s. */
+/* AdamW on one chunk for step s, resuming where each lane stopped, then publishes version s. */
 static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
 {
     struct ctl_header *h = o->ctl;
     const struct chunk_desc *ch = &ctl_chunks(h)[c];
     struct chunk_state *cs = ctl_chunk_state(h, c);
-    const struct tensor_desc *tensors = ctl_tensors(h);
     const struct job_config *job = &h->job;
     if (atomic_load_explicit(&cs->version, memory_order_acquire) >= s)
         return;
@@ -171,40 +291,26 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
     if (atomic_load_explicit(&cs->upd_step, memory_order_acquire) != s) {
         /* A worker redoing this step after a crash may still need version s-1 of this chunk
          * while later chunks are already updated (update during backward): keep a copy. */
-        if (prev_copy_needed(o)) {
+        if (h->keep_prev) {
             memcpy(o->shm.params16_prev + ch->offset, o->shm.params16 + ch->offset, (size_t)ch->numel * 2);
             atomic_store_explicit(&cs->prev_version, s - 1, memory_order_release);
         }
-        atomic_store_explicit(&cs->upd_offset, 0, memory_order_relaxed);
+        for (int t = 0; t < o->threads; t++)
+            atomic_store_explicit(&cs->upd_done[t], lane_begin(o->num_items[c], o->threads, t),
+                                  memory_order_release);
         atomic_store_explicit(&cs->upd_step, s, memory_order_release);
     }
-    struct adamw_step st = {
+    o->op_chunk = c;
+    o->op_step = (struct adamw_step){
         .lr = (float)job_lr_at(job, (int)s),
         .beta1 = (float)job->beta1,
         .beta2 = (float)job->beta2,
         .eps = (float)job->eps,
+        .weight_decay = (float)job->weight_decay,
         .grad_scale = clip_coef,
         .step = (int)s,
     };
-    uint64_t done = atomic_load_explicit(&cs->upd_offset, memory_order_acquire);
-    for (int ti = ch->first_tensor; ti < ch->first_tensor + ch->num_tensors; ti++) {
-        const struct tensor_desc *t = &tensors[ti];
-        st.weight_decay = t->decay ? (float)job->weight_decay : 0.0f;
-        uint64_t rel = (uint64_t)(t->offset - ch->offset);
-        for (uint64_t i = 0; i < (uint64_t)t->numel; i += JOURNAL_BLOCK) {
-            size_t n = (uint64_t)t->numel - i < JOURNAL_BLOCK ? (size_t)((uint64_t)t->numel - i) : JOURNAL_BLOCK;
-            if (rel + i + n <= done)
-                continue;
-            size_t off = (size_t)t->offset + (size_t)i;
-            memcpy(o->stage_p, o->shm.master + off, n * sizeof(float));
-            memcpy(o->stage_m, o->shm.exp_avg + off, n * sizeof(float));
-            memcpy(o->stage_v, o->shm.exp_avg_sq + off, n * sizeof(float));
-            adamw_update(o->isa, &st, o->stage_p, o->stage_m, o->stage_v, o->shm.grad_acc + off, o->stage_p16, n);
-            journal_commit(o, JOURNAL_UPDATE, (uint32_t)c, s, 0, off, n);
-            atomic_store_explicit(&cs->upd_offset, rel + i + n, memory_order_release);
-            journal_clear(o);
-        }
-    }
+    run_lanes(o, update_lane);
     fault_point("optim_updated");
     /* release: pairs with the workers' acquire load of version before they read params16 */
     atomic_store_explicit(&cs->version, s, memory_order_release);
@@ -318,23 +424,73 @@ static int wait_checkpoint(struct optim *o, uint32_t s)
     }
 }
 
-/* Finishes a journaled block its predecessor was writing when it died. */
-static void recover_journal(struct optim *o)
+/* Finishes the journaled blocks the lanes of our predecessor were writing when it died. */
+static void recover_journals(struct optim *o)
 {
-    if (atomic_load_explicit(&o->journal->state, memory_order_acquire) == JOURNAL_EMPTY)
-        return;
-    struct journal *j = o->journal;
-    journal_apply(o);
-    struct chunk_state *cs = ctl_chunk_state(o->ctl, (int)j->chunk);
-    const struct chunk_desc *ch = &ctl_chunks(o->ctl)[j->chunk];
-    uint64_t end = j->offset + j->n - (uint64_t)ch->offset;
-    if (atomic_load(&j->state) == JOURNAL_REDUCE) {
-        if (atomic_load(&cs->red_key) == micro_key(j->step, j->micro))
-            atomic_store(&cs->red_offset, end);
-    } else if (atomic_load(&cs->upd_step) == j->step) {
-        atomic_store(&cs->upd_offset, end);
+    for (int t = 0; t < o->threads; t++) {
+        struct lane *l = &o->lanes[t];
+        struct journal *j = l->journal;
+        uint32_t kind = atomic_load_explicit(&j->state, memory_order_acquire);
+        if (kind == JOURNAL_EMPTY)
+            continue;
+        journal_apply(o, l);
+        struct chunk_state *cs = ctl_chunk_state(o->ctl, (int)j->chunk);
+        if (kind == JOURNAL_REDUCE && atomic_load(&cs->red_key) == micro_key(j->step, j->micro))
+            atomic_store(&cs->red_done[t], j->block + 1);
+        else if (kind == JOURNAL_UPDATE && atomic_load(&cs->upd_step) == j->step)
+            atomic_store(&cs->upd_done[t], j->block + 1);
+        journal_clear(l);
     }
-    journal_clear(o);
+}
+
+/* The update blocks of each owned chunk: its tensors cut into JOURNAL_BLOCK pieces. */
+static int build_items(struct optim *o)
+{
+    struct ctl_header *h = o->ctl;
+    const struct tensor_desc *tensors = ctl_tensors(h);
+    o->items = calloc((size_t)h->num_chunks, sizeof *o->items);
+    o->num_items = calloc((size_t)h->num_chunks, sizeof *o->num_items);
+    o->block_sumsq = malloc(sizeof(double) * (size_t)((h->max_chunk_numel + JOURNAL_BLOCK - 1) / JOURNAL_BLOCK));
+    if (!o->items || !o->num_items || !o->block_sumsq)
+        return sd_err("out of memory");
+    for (int i = 0; i < o->num_chunks; i++) {
+        int c = o->chunks[i];
+        const struct chunk_desc *ch = &ctl_chunks(h)[c];
+        uint32_t n = 0;
+        for (int ti = ch->first_tensor; ti < ch->first_tensor + ch->num_tensors; ti++)
+            n += (uint32_t)((tensors[ti].numel + JOURNAL_BLOCK - 1) / JOURNAL_BLOCK);
+        o->items[c] = malloc(sizeof(struct update_item) * (n ? n : 1));
+        if (!o->items[c])
+            return sd_err("out of memory");
+        for (int ti = ch->first_tensor; ti < ch->first_tensor + ch->num_tensors; ti++) {
+            const struct tensor_desc *td = &tensors[ti];
+            for (int64_t e = 0; e < td->numel; e += JOURNAL_BLOCK)
+                o->items[c][o->num_items[c]++] = (struct update_item){
+                    .offset = (uint64_t)(td->offset + e),
+                    .n = (uint32_t)(td->numel - e < JOURNAL_BLOCK ? td->numel - e : JOURNAL_BLOCK),
+                    .decay = td->decay,
+                };
+        }
+    }
+    return 0;
+}
+
+static int start_lanes(struct optim *o)
+{
+    if (o->threads == 1)
+        return 0;
+    pthread_barrier_init(&o->start, NULL, (unsigned)o->threads);
+    pthread_barrier_init(&o->done, NULL, (unsigned)o->threads);
+    for (int t = 1; t < o->threads; t++) {
+        void **arg = malloc(2 * sizeof(void *));
+        if (!arg)
+            return sd_err("out of memory");
+        arg[0] = o;
+        arg[1] = (void *)(intptr_t)t;
+        if (pthread_create(&o->tids[t], NULL, lane_main, arg) != 0)
+            return sd_err("cannot start optimizer thread %d", t);
+    }
+    return 0;
 }
 
 static int optim_setup(struct optim *o, const struct optim_args *args)
@@ -351,22 +507,28 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     fault_init(atomic_load(&o->slot->restarts));
     atomic_store(&o->slot->pid, (int32_t)getpid());
     set_phase(o, PHASE_STARTING);
-    o->journal = ctl_journal(h, o->index);
-    o->stage_p = job_staging(&o->shm, o->index);
-    o->stage_m = o->stage_p + JOURNAL_BLOCK;
-    o->stage_v = o->stage_m + JOURNAL_BLOCK;
-    o->stage_p16 = (uint16_t *)(o->stage_v + JOURNAL_BLOCK);
+    o->threads = h->plan.optim_threads;
+    for (int t = 0; t < o->threads; t++) {
+        struct lane *l = &o->lanes[t];
+        l->journal = ctl_journal(h, o->index, t);
+        l->stage_p = job_staging(&o->shm, o->index, t);
+        l->stage_m = l->stage_p + JOURNAL_BLOCK;
+        l->stage_v = l->stage_m + JOURNAL_BLOCK;
+        l->stage_p16 = (uint16_t *)(l->stage_v + JOURNAL_BLOCK);
+    }
     o->total_micro = (uint32_t)(h->gpus * h->job.grad_accum);
     o->isa = adamw_isa_detect();
-    snprintf(o->slot->device_name, sizeof o->slot->device_name, "cpu %s", adamw_isa_name(o->isa));
+    snprintf(o->slot->device_name, sizeof o->slot->device_name, "cpu %s x%d", adamw_isa_name(o->isa), o->threads);
     o->chunks = malloc(sizeof(int) * (size_t)h->num_chunks);
     if (!o->chunks)
         return sd_err("out of memory");
     for (int c = 0; c < h->num_chunks; c++)
         if (ctl_chunk_state(h, c)->owner == o->index)
             o->chunks[o->num_chunks++] = c;
-    recover_journal(o);
-    return 0;
+    if (build_items(o) != 0)
+        return -1;
+    recover_journals(o);
+    return start_lanes(o);
 }
 
 int optim_run(const struct optim_args *args)

@@ -33,11 +33,12 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
     return mul_ok(n, sz, &bytes) && add_ok(cursor, bytes);
 }
 
-int ctl_compute_sizes(int gpus, int optim_procs, int grad_slots, int num_tensors, int num_chunks, int64_t total_numel,
-                      int64_t max_chunk_numel, bool keep_prev, struct ctl_sizes *out)
+int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
+                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
-    if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || grad_slots < 1 || grad_slots >= RING_CAP)
+    if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
+        optim_threads > CTL_MAX_OPTIM_THREADS || grad_slots < 1 || grad_slots >= RING_CAP)
         return sd_err("bad job shape: gpus=%d optim_procs=%d grad_slots=%d", gpus, optim_procs, grad_slots);
     uint64_t c = sizeof(struct ctl_header);
     bool ok = place(&c, &out->off_tensors, (uint64_t)num_tensors, sizeof(struct tensor_desc)) &&
@@ -48,10 +49,10 @@ int ctl_compute_sizes(int gpus, int optim_procs, int grad_slots, int num_tensors
               place(&c, &out->off_doorbells, (uint64_t)optim_procs, sizeof(struct doorbell)) &&
               place(&c, &out->off_procs, (uint64_t)(gpus + optim_procs), sizeof(struct proc_slot)) &&
               place(&c, &out->off_steps, CTL_STEP_RECORDS, sizeof(struct step_record)) &&
-              place(&c, &out->off_journals, (uint64_t)optim_procs, sizeof(struct journal));
+              place(&c, &out->off_journals, (uint64_t)optim_procs * (uint64_t)optim_threads, sizeof(struct journal));
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
-    uint64_t staging = (uint64_t)optim_procs * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2) * 4;
+    uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2) * 4;
     ok = ok && mul_ok((uint64_t)total_numel, keep_prev ? 4 : 2, &out->params16_bytes) &&
          mul_ok((uint64_t)total_numel, 16, &out->master_bytes) && add_ok(&out->master_bytes, staging) &&
          mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems) &&

@@ -22,6 +22,7 @@
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
 #define CTL_VERSION 2
 #define CTL_MAX_OPTIM 64
+#define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
 
 enum proc_kind { PROC_WORKER = 0, PROC_OPTIM = 1 };
@@ -93,12 +94,13 @@ struct chunk_state {
     _Atomic uint64_t next_micro;          /* (step << 32) | next micro-batch of that step to add */
     double sumsq[2];                      /* squared L2 norm of the reduced gradient, by step parity */
     /* Progress inside the operation an optimizer is applying, so a restarted one resumes it
-     * exactly (optimizer/optim.c): the micro-batch being added ((step << 32) | micro) and how many
-     * of its elements are in the accumulator; the step being applied and its elements written. */
+     * exactly (optimizer/optim.c): the micro-batch being added ((step << 32) | micro) and the step
+     * being applied; each optimizer thread owns a fixed range of the chunk's blocks, and its
+     * entry says up to which block (exclusive) it has written. */
     _Atomic uint64_t red_key;
-    _Atomic uint64_t red_offset;
     _Atomic uint32_t upd_step;
-    _Atomic uint64_t upd_offset;
+    _Atomic uint32_t red_done[CTL_MAX_OPTIM_THREADS];
+    _Atomic uint32_t upd_done[CTL_MAX_OPTIM_THREADS];
 };
 
 static inline uint64_t micro_key(uint32_t step, uint32_t micro)
@@ -120,7 +122,7 @@ static inline bool chunk_grad_consumed(struct chunk_state *cs, uint32_t step, ui
            micro < chunk_next_micro(cs, step);
 }
 
-/* One per optimizer process: the block being written back from its staging area (in the master
+/* One per optimizer thread: the block being written back from its staging area (in the master
  * region). A block is computed into staging, the record is made valid, staging is copied into
  * place, the progress is advanced, and the record is cleared; a restarted optimizer re-copies a
  * valid record's block, so no block of master, m, v, params16 or the accumulator is ever left
@@ -130,6 +132,7 @@ enum { JOURNAL_EMPTY = 0, JOURNAL_REDUCE = 1, JOURNAL_UPDATE = 2 };
 struct journal {
     alignas(64) _Atomic uint32_t state;
     uint32_t chunk, step, micro;
+    uint32_t block;    /* the block's index within the chunk's operation */
     uint64_t offset;   /* elements from the start of the parameter space */
     uint64_t n;
 };
@@ -224,8 +227,8 @@ struct ctl_sizes {
  * process has exited. */
 void ctl_repair_slots(struct ctl_header *h, int rank);
 
-int ctl_compute_sizes(int gpus, int optim_procs, int grad_slots, int num_tensors, int num_chunks, int64_t total_numel,
-                      int64_t max_chunk_numel, bool keep_prev, struct ctl_sizes *out);
+int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
+                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, struct ctl_sizes *out);
 
 /* Names of the job's shm objects: "/slidedp.<job>.<what>". */
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len);
@@ -265,9 +268,10 @@ static inline struct step_record *ctl_step(struct ctl_header *h, uint32_t step)
 {
     return (struct step_record *)((char *)h + h->off_steps) + (step % CTL_STEP_RECORDS);
 }
-static inline struct journal *ctl_journal(struct ctl_header *h, int optim)
+static inline struct journal *ctl_journal(struct ctl_header *h, int optim, int thread)
 {
-    return (struct journal *)((char *)h + h->off_journals) + optim;
+    return (struct journal *)((char *)h + h->off_journals) + (size_t)optim * (size_t)h->plan.optim_threads +
+           (size_t)thread;
 }
 /* The lowest published chunk version: every step up to it is committed. */
 static inline uint32_t ctl_committed_step(struct ctl_header *h)
@@ -286,7 +290,7 @@ struct job_shm {
     uint16_t *params16;
     uint16_t *params16_prev;                         /* NULL unless keep_prev */
     float *master, *exp_avg, *exp_avg_sq, *grad_acc; /* each total_numel */
-    float *staging;                                  /* per optimizer: JOURNAL_BLOCK x (3 fp32 + 1 bf16) */
+    float *staging;                                  /* per optimizer thread: JOURNAL_BLOCK x (3 fp32 + 1 bf16) */
     float *grads;                                    /* gpus * grad_slots * max_chunk_numel */
     void *regions[4];                                /* internal: struct shm_region per object */
 };
@@ -296,10 +300,11 @@ enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MA
 int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only);
 void job_shm_detach(struct job_shm *s);
 
-/* The staging block of optimizer k in the master region: p, m, v (fp32) then p16 (bf16). */
-static inline float *job_staging(struct job_shm *s, int optim)
+/* The staging block of thread t of optimizer k in the master region: p, m, v (fp32), then p16. */
+static inline float *job_staging(struct job_shm *s, int optim, int thread)
 {
-    return s->staging + (size_t)optim * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2);
+    size_t lane = (size_t)optim * (size_t)s->ctl->plan.optim_threads + (size_t)thread;
+    return s->staging + lane * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2);
 }
 
 static inline float *job_grad_slot(struct job_shm *s, int rank, int slot)

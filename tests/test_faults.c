@@ -36,7 +36,7 @@ static void write_job(const char *name, int steps, const char *extra)
              "[train]\nmicro_batch = 4\ngrad_accum = 2\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
              "grad_clip = 1.0\nseed = 7\n"
              "[checkpoint]\ndir = ckpt\nexport_dtype = fp32\n%s\n"
-             "[runtime]\ndevice = cpu\ngpus = 2\n"
+             "[runtime]\ndevice = cpu\ngpus = 2\noptim_threads = 3\n"
              "[log]\ndir = log\nevery = 1000\n",
              tu_src("examples/tiny-qwen3"), steps, extra);
     snprintf(p, sizeof p, "%s/%s", dir, name);
