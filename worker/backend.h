@@ -31,7 +31,7 @@ static inline size_t be_dtype_size(enum be_dtype t)
 struct backend;
 
 /* Transfer slots: a small set of independent async copies (e.g. one per chunk ring buffer). */
-#define BE_MAX_XFER_SLOTS 64
+#define BE_MAX_XFER_SLOTS 1024
 
 struct backend_ops {
     const char *name;
@@ -64,6 +64,9 @@ struct backend_ops {
     void (*send_grads_async)(struct backend *be, int slot, float *dst_host, const float *src, size_t n);
     /* Blocks the calling thread until the slot's last send has landed in host memory. */
     void (*wait_grads_host)(struct backend *be, int slot);
+    /* Makes compute queued from now on wait until the slot's last send has read its device
+     * source, so that buffer may be overwritten. */
+    void (*wait_grads_device)(struct backend *be, int slot);
 
     /* ---- ops ---- */
     /* out(N,C) = wte[tokens[i]] */

@@ -406,11 +406,18 @@ static void head_pass(struct model *m, const struct model_io *io, bool training,
                        m->d_final_rstd, N, C, false);
 }
 
-static float *take_grad_buf(struct model *m)
+static void zero_grads(struct model *m, const struct model_io *io, float *g, size_t numel)
+{
+    if (io->grads_reuse)
+        io->grads_reuse(io->ctx, g);
+    m->be->ops->memset0(m->be, g, sizeof(float) * numel);
+}
+
+static float *take_grad_buf(struct model *m, const struct model_io *io)
 {
     float *g = m->grad_bufs[m->next_grad_buf];
     m->next_grad_buf ^= 1;
-    m->be->ops->memset0(m->be, g, sizeof(float) * (size_t)m->grad_buf_numel);
+    zero_grads(m, io, g, (size_t)m->grad_buf_numel);
     return g;
 }
 
@@ -429,10 +436,10 @@ int model_train_step(struct model *m, const struct model_io *io, const int32_t *
     const struct model_config *cfg = &m->cfg;
     int hc = head_chunk(m);
     upload_batch(m, tokens, targets, row_scale);
-    be->ops->memset0(be, m->grad_embed, sizeof(float) * (size_t)m->chunks[0].numel);
+    zero_grads(m, io, m->grad_embed, (size_t)m->chunks[0].numel);
 
     forward_trunk(m, io);
-    float *head_grad = take_grad_buf(m);
+    float *head_grad = take_grad_buf(m, io);
     head_pass(m, io, true, head_grad, NULL);
     fetch_loss(m, loss_rows, correct);
     if (io->loss_done)
@@ -442,7 +449,7 @@ int model_train_step(struct model *m, const struct model_io *io, const int32_t *
 
     for (int c = hc - 1; c >= 1; c--) {
         const void *w = io->weights(io->ctx, c, c > 1 ? c - 1 : -1);
-        float *g = take_grad_buf(m);
+        float *g = take_grad_buf(m, io);
         const struct chunk_desc *ch = &m->chunks[c];
         for (int l = ch->first_layer + ch->num_layers - 1; l >= ch->first_layer; l--) {
             struct tensor_ptrs p;

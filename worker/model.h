@@ -26,6 +26,9 @@ struct model_io {
     void (*grads_done)(void *ctx, int chunk, float *grad);
     /* The loss rows of this micro-batch are known (called before the backward starts). */
     void (*loss_done)(void *ctx, const float *loss_rows_host, int n);
+    /* Optional: the model is about to overwrite a gradient buffer it handed to grads_done earlier
+     * (the callee orders that after any copy still reading it). */
+    void (*grads_reuse)(void *ctx, float *grad);
 };
 
 struct layer_acts;

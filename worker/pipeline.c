@@ -4,6 +4,7 @@
 #include "pipeline.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,20 @@ struct cache_entry {
     bool held;
     uint64_t last_use;
 };
+
+/* A gradient on its way to the host, or (chunk < 0) a progress mark, for the poster thread. */
+struct post {
+    int chunk;
+    int slot;
+    uint32_t seq, step, micro;
+    uint32_t posted;    /* mark: micro-steps of `step` whose gradients are now all posted */
+    bool step_done;     /* mark: the rank's part of `step` is complete */
+};
+
+#define POST_QUEUE 512 /* more than the gradient slots (< RING_CAP) plus the marks between them */
+
+/* The device gradient buffers the model handed over, with the transfer slot of their last copy. */
+#define MAX_GRAD_BUFS 8
 
 struct worker {
     struct job_shm shm;
@@ -49,6 +64,19 @@ struct worker {
      * chunks that already reached the optimizer are not posted again. */
     bool recovering;
     uint32_t recover_step, recover_micro;
+
+    /* The poster thread waits for each gradient copy to land, then posts its descriptor, so the
+     * main thread keeps queueing compute meanwhile. FIFO: marks follow the posts they cover. */
+    pthread_t poster;
+    pthread_mutex_t post_mu;
+    pthread_cond_t post_more, post_space, post_idle;
+    struct post posts[POST_QUEUE];
+    unsigned post_head, post_tail;
+    bool post_busy;
+    struct {
+        float *buf;
+        int slot;
+    } grad_bufs[MAX_GRAD_BUFS];
 
     struct data_set train, val;
     bool have_val;
@@ -207,6 +235,50 @@ static void io_release(void *ctx, int c)
             w->cache[i].held = false;
 }
 
+static void post_enqueue(struct worker *w, struct post p)
+{
+    pthread_mutex_lock(&w->post_mu);
+    while (w->post_head - w->post_tail >= POST_QUEUE)
+        pthread_cond_wait(&w->post_space, &w->post_mu);
+    w->posts[w->post_head++ % POST_QUEUE] = p;
+    pthread_cond_signal(&w->post_more);
+    pthread_mutex_unlock(&w->post_mu);
+}
+
+/* Waits until the poster has published everything queued so far. */
+static void post_drain(struct worker *w)
+{
+    pthread_mutex_lock(&w->post_mu);
+    while (w->post_head != w->post_tail)
+        pthread_cond_wait(&w->post_idle, &w->post_mu);
+    pthread_mutex_unlock(&w->post_mu);
+}
+
+static void remember_grad_buf(struct worker *w, float *buf, int slot)
+{
+    int free_i = -1;
+    for (int i = 0; i < MAX_GRAD_BUFS; i++) {
+        if (w->grad_bufs[i].buf == buf) {
+            w->grad_bufs[i].slot = slot;
+            return;
+        }
+        if (!w->grad_bufs[i].buf && free_i < 0)
+            free_i = i;
+    }
+    SD_ASSERT(free_i >= 0);
+    w->grad_bufs[free_i].buf = buf;
+    w->grad_bufs[free_i].slot = slot;
+}
+
+/* The model reuses a gradient buffer: later compute waits until its last copy has read it. */
+static void io_grads_reuse(void *ctx, float *grad)
+{
+    struct worker *w = ctx;
+    for (int i = 0; i < MAX_GRAD_BUFS; i++)
+        if (w->grad_bufs[i].buf == grad)
+            w->be.ops->wait_grads_device(&w->be, w->grad_bufs[i].slot);
+}
+
 /* Whether the previous incarnation already posted chunk c of the micro-batch being redone: its
  * descriptor is in the ring, or the optimizer has consumed it (checked in that order, because
  * the optimizer advances its progress before it pops). */
@@ -253,20 +325,39 @@ static void io_grads_done(void *ctx, int c, float *grad)
     atomic_store_explicit(&ss->state, SLOT_WORD(seq, SLOT_WRITING), memory_order_relaxed);
     fault_point("worker_slot_writing");
     float *host = job_grad_slot(&w->shm, w->rank, si);
-    w->be.ops->send_grads_async(&w->be, si % BE_MAX_XFER_SLOTS, host, grad, (size_t)ch->numel);
-    w->be.ops->wait_grads_host(&w->be, si % BE_MAX_XFER_SLOTS);
-    fault_point("worker_slot_written");
-    atomic_store_explicit(&ss->state, SLOT_WORD(seq, SLOT_POSTED), memory_order_release);
-    fault_point("worker_slot_posted");
+    w->be.ops->send_grads_async(&w->be, si, host, grad, (size_t)ch->numel);
+    remember_grad_buf(w, grad, si);
+    post_enqueue(w, (struct post){.chunk = c, .slot = si, .seq = seq, .step = w->step, .micro = w->micro});
+}
 
+static void finish_rank(struct worker *w, uint32_t s);
+
+/* Poster thread: publishes one gradient once its copy has landed, or applies a progress mark. */
+static void post_one(struct worker *w, const struct post *p)
+{
+    struct ctl_header *h = w->ctl;
+    if (p->chunk < 0) {
+        struct step_record *rec = ctl_step(h, p->step);
+        atomic_store_explicit(&rec->posted[w->rank], p->posted, memory_order_release);
+        if (p->step_done)
+            finish_rank(w, p->step);
+        return;
+    }
+    const struct chunk_desc *ch = &ctl_chunks(h)[p->chunk];
+    int owner = ctl_chunk_state(h, p->chunk)->owner;
+    w->be.ops->wait_grads_host(&w->be, p->slot);
+    fault_point("worker_slot_written");
+    struct slot_state *ss = ctl_slot(h, w->rank, p->slot);
+    atomic_store_explicit(&ss->state, SLOT_WORD(p->seq, SLOT_POSTED), memory_order_release);
+    fault_point("worker_slot_posted");
     struct chunk_desc_msg msg = {
-        .chunk = (uint32_t)c,
-        .step = w->step,
-        .micro = w->micro,
+        .chunk = (uint32_t)p->chunk,
+        .step = p->step,
+        .micro = p->micro,
         .rank = (uint16_t)w->rank,
-        .slot = (uint16_t)si,
+        .slot = (uint16_t)p->slot,
         .generation = w->generation,
-        .seq = seq,
+        .seq = p->seq,
         .kind = DESC_GRAD,
         .bytes = (uint64_t)ch->numel * 4,
     };
@@ -278,6 +369,27 @@ static void io_grads_done(void *ctx, int c, float *grad)
     atomic_fetch_add_explicit(&db->seq, 1, memory_order_release);
     futex_wake_all(&db->seq);
     atomic_fetch_add_explicit(&w->slot->bytes_out, msg.bytes, memory_order_relaxed);
+}
+
+static void *poster_main(void *arg)
+{
+    struct worker *w = arg;
+    pthread_mutex_lock(&w->post_mu);
+    for (;;) {
+        while (w->post_head == w->post_tail)
+            pthread_cond_wait(&w->post_more, &w->post_mu);
+        struct post p = w->posts[w->post_tail % POST_QUEUE];
+        w->post_busy = true;
+        pthread_mutex_unlock(&w->post_mu);
+        post_one(w, &p);
+        pthread_mutex_lock(&w->post_mu);
+        w->post_tail++;
+        w->post_busy = false;
+        pthread_cond_signal(&w->post_space);
+        if (w->post_head == w->post_tail)
+            pthread_cond_broadcast(&w->post_idle);
+    }
+    return NULL;
 }
 
 static void save_loss_progress(struct worker *w, uint32_t s, uint32_t done, double sum);
@@ -362,6 +474,7 @@ static const struct model_io worker_io = {
     .release = io_release,
     .grads_done = io_grads_done,
     .loss_done = io_loss_done,
+    .grads_reuse = io_grads_reuse,
 };
 
 static int train_step(struct worker *w, uint32_t s)
@@ -402,13 +515,12 @@ static int train_step(struct worker *w, uint32_t s)
         w->row_mask_cur = w->mask;
         set_phase(w, PHASE_FORWARD);
         model_train_step(&w->model, &io, w->tokens, w->targets, w->row_scale, w->loss_rows, NULL);
-        atomic_store_explicit(&rec->posted[w->rank], (uint32_t)a + 1, memory_order_release);
+        post_enqueue(w, (struct post){.chunk = -1, .step = s, .posted = (uint32_t)a + 1, .step_done = a == w->A - 1});
         w->recovering = false;
         atomic_fetch_add_explicit(&w->slot->items, 1, memory_order_relaxed);
         uint64_t waited = atomic_load_explicit(&w->slot->wait_ns, memory_order_relaxed) - wait0;
         atomic_fetch_add_explicit(&w->slot->busy_ns, clock_ns() - t0 - waited, memory_order_relaxed);
     }
-    finish_rank(w, s);
     w->recovering = false;
     return 0;
 }
@@ -538,6 +650,12 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     w->loss_rows = malloc(n * sizeof(float));
     w->mask = malloc(n);
     w->seq_buf = malloc(((size_t)w->T + 1) * sizeof(int32_t));
+    pthread_mutex_init(&w->post_mu, NULL);
+    pthread_cond_init(&w->post_more, NULL);
+    pthread_cond_init(&w->post_space, NULL);
+    pthread_cond_init(&w->post_idle, NULL);
+    if (pthread_create(&w->poster, NULL, poster_main, w) != 0)
+        return sd_err("cannot start the poster thread");
     if (!w->tokens || !w->targets || !w->correct || !w->row_scale || !w->loss_rows || !w->mask || !w->seq_buf)
         return sd_err("out of memory");
     return 0;
@@ -584,6 +702,7 @@ int worker_run(const struct worker_args *args)
         if (is_val_step(h, w->have_val, s) && !atomic_load(&rec->val_done[w->rank]) && eval_step(w, s) != 0)
             return 1;
     }
+    post_drain(w);
     set_phase(w, PHASE_DONE);
     return 0;
 }

@@ -123,6 +123,10 @@ static void cpu_send_grads_async(struct backend *be, int slot, float *dst_host, 
     memcpy(dst_host, src, n * sizeof(float));
 }
 
+static void cpu_wait_grads_device(struct backend *be, int slot)
+{
+}
+
 static void cpu_wait_grads_host(struct backend *be, int slot)
 {
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
@@ -447,6 +451,7 @@ static const struct backend_ops cpu_ops = {
     .wait_weights = cpu_wait_weights,
     .send_grads_async = cpu_send_grads_async,
     .wait_grads_host = cpu_wait_grads_host,
+    .wait_grads_device = cpu_wait_grads_device,
     .embedding_fwd = cpu_embedding_fwd,
     .embedding_bwd = cpu_embedding_bwd,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,

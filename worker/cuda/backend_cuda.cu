@@ -186,6 +186,13 @@ static void cu_send_grads_async(struct backend *be, int slot, float *dst_host, c
     CUDA_CHECK(cudaEventRecord(cx->d2h_done[slot], cx->d2h));
 }
 
+static void cu_wait_grads_device(struct backend *be, int slot)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    CUDA_CHECK(cudaStreamWaitEvent(cx->compute, cx->d2h_done[slot], 0));
+}
+
 static void cu_wait_grads_host(struct backend *be, int slot)
 {
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
@@ -208,6 +215,7 @@ static const struct backend_ops cuda_ops = {
     .wait_weights = cu_wait_weights,
     .send_grads_async = cu_send_grads_async,
     .wait_grads_host = cu_wait_grads_host,
+    .wait_grads_device = cu_wait_grads_device,
     .embedding_fwd = cuda_embedding_fwd,
     .embedding_bwd = cuda_embedding_bwd,
     .rmsnorm_fwd = cuda_rmsnorm_fwd,
