@@ -8,45 +8,7 @@
 #   sh .gpudeps/fetch-debs.sh .gpudeps
 #   (cd .gpudeps/extra && apt-get download pkgconf pkgconf-bin libpkgconf3 libopenblas0-pthread \
 #       libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5)   # used only if the host lacks them
-set -u
-root=$(pwd)
-out=${OUT:-$root/.gpuout}
-deps=${GPUDEPS:-$root/.gpudeps}
-build=${BUILD:-build-gpu}
-sysroot=/tmp/sysroot
-mkdir -p "$out" "$sysroot"
-export PATH=/usr/local/cuda/bin:$PATH
-log() { echo "$*" | tee -a "$out/summary.log"; }
-: > "$out/summary.log"
-
-# ---- build ----
-{
-    nvidia-smi
-    nvcc --version | tail -2
-    export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    if ! command -v meson >/dev/null 2>&1; then
-        mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m mesonbuild.mesonmain "$@"\n' > /tmp/bin/meson
-        chmod +x /tmp/bin/meson && export PATH=/tmp/bin:$PATH
-    fi
-    if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists openblas; then
-        echo "host lacks pkg-config or OpenBLAS: unpacking $deps/extra"
-        for f in "$deps"/extra/*.deb; do dpkg -x "$f" "$sysroot"; done
-        export PATH=$sysroot/usr/bin:$PATH
-        pc=$sysroot/usr/lib/x86_64-linux-gnu/pkgconfig
-        mkdir -p "$pc"
-        [ -f "$pc/openblas.pc" ] || printf '%s\n' 'libdir=/usr/lib/x86_64-linux-gnu/openblas-pthread' \
-            'includedir=/usr/include/x86_64-linux-gnu/openblas-pthread' 'Name: openblas' 'Description: OpenBLAS' \
-            'Version: 0.3' 'Libs: -L${libdir} -lopenblas' 'Cflags: -I${includedir}' > "$pc/openblas.pc"
-    fi
-    sh "$deps/build.sh" "$deps" "$build"
-} > "$out/build.log" 2>&1
-if [ ! -x "$build/tests/test_backend_ops" ] || [ ! -x "$build/bench/bench_attention" ]; then
-    log "BUILD FAILED"; tail -40 "$out/build.log"; exit 1
-fi
-export PATH=$sysroot/usr/bin:$PATH
-export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu:$sysroot/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export SD_BUILD=$root/$build SD_SOURCE=$root OPENBLAS_NUM_THREADS=1
-log "built $build ($(grep -c . "$out/build.log") log lines)"
+. bench/gpu_build.sh
 
 # ---- correctness ----
 timeout 150 "$build/tests/test_backend_ops" > "$out/test_backend_ops.log" 2>&1

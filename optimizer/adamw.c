@@ -62,25 +62,32 @@ static struct consts consts_of(const struct adamw_step *s)
     return c;
 }
 
-static inline void adamw_one(const struct consts *c, float *p, float *m, float *v, const float *g, uint16_t *p16,
-                             size_t i)
+/* Input and output arrays (each may alias its input). */
+struct io {
+    const float *p, *m, *v, *g;
+    float *po, *mo, *vo;
+    uint16_t *p16;
+};
+
+static inline void adamw_one(const struct consts *c, const struct io *a, size_t i)
 {
-    float gi = g[i] * c->gscale;
-    float pi = p[i] * c->decay;
-    float mi = c->lerp_low ? m[i] + c->w1 * (gi - m[i]) : gi - (gi - m[i]) * (1.0f - c->w1);
-    float vi = v[i] * c->b2 + (c->w2 * gi) * gi;
+    float gi = a->g[i] * c->gscale;
+    float pi = a->p[i] * c->decay;
+    float mo = a->m[i];
+    float mi = c->lerp_low ? mo + c->w1 * (gi - mo) : gi - (gi - mo) * (1.0f - c->w1);
+    float vi = a->v[i] * c->b2 + (c->w2 * gi) * gi;
     float denom = sqrtf(vi) / c->bc2_sqrt + c->eps;
     pi = pi + c->neg_step * (mi / denom);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    p16[i] = f32_to_bf16(pi);
+    a->po[i] = pi;
+    a->mo[i] = mi;
+    a->vo[i] = vi;
+    a->p16[i] = f32_to_bf16(pi);
 }
 
-static void adamw_scalar(const struct consts *c, float *p, float *m, float *v, const float *g, uint16_t *p16, size_t n)
+static void adamw_scalar(const struct consts *c, const struct io *a, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        adamw_one(c, p, m, v, g, p16, i);
+        adamw_one(c, a, i);
 }
 
 __attribute__((target("avx2"))) static inline __m128i bf16_pack8_avx2(__m256 x)
@@ -96,8 +103,7 @@ __attribute__((target("avx2"))) static inline __m128i bf16_pack8_avx2(__m256 x)
     return _mm_packus_epi32(lo, hi);
 }
 
-__attribute__((target("avx2"))) static void adamw_avx2(const struct consts *c, float *p, float *m, float *v,
-                                                       const float *g, uint16_t *p16, size_t n)
+__attribute__((target("avx2"))) static void adamw_avx2(const struct consts *c, const struct io *a, size_t n)
 {
     const __m256 gscale = _mm256_set1_ps(c->gscale), decay = _mm256_set1_ps(c->decay), w1 = _mm256_set1_ps(c->w1),
                  one_w1 = _mm256_set1_ps(1.0f - c->w1), b2 = _mm256_set1_ps(c->b2), w2 = _mm256_set1_ps(c->w2),
@@ -105,25 +111,25 @@ __attribute__((target("avx2"))) static void adamw_avx2(const struct consts *c, f
                  eps = _mm256_set1_ps(c->eps);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), gscale);
-        __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
-        __m256 mo = _mm256_loadu_ps(m + i);
+        __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(a->g + i), gscale);
+        __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(a->p + i), decay);
+        __m256 mo = _mm256_loadu_ps(a->m + i);
         __m256 mi = c->lerp_low ? _mm256_add_ps(mo, _mm256_mul_ps(w1, _mm256_sub_ps(gi, mo)))
                                 : _mm256_sub_ps(gi, _mm256_mul_ps(_mm256_sub_ps(gi, mo), one_w1));
-        __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2), _mm256_mul_ps(_mm256_mul_ps(w2, gi), gi));
+        __m256 vi =
+            _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(a->v + i), b2), _mm256_mul_ps(_mm256_mul_ps(w2, gi), gi));
         __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
         pi = _mm256_add_ps(pi, _mm256_mul_ps(neg_step, _mm256_div_ps(mi, denom)));
-        _mm256_storeu_ps(p + i, pi);
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
-        _mm_storeu_si128((__m128i *)(p16 + i), bf16_pack8_avx2(pi));
+        _mm256_storeu_ps(a->po + i, pi);
+        _mm256_storeu_ps(a->mo + i, mi);
+        _mm256_storeu_ps(a->vo + i, vi);
+        _mm_storeu_si128((__m128i *)(a->p16 + i), bf16_pack8_avx2(pi));
     }
     for (; i < n; i++)
-        adamw_one(c, p, m, v, g, p16, i);
+        adamw_one(c, a, i);
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void adamw_avx512(const struct consts *c, float *p, float *m,
-                                                                     float *v, const float *g, uint16_t *p16,
+__attribute__((target("avx512f,avx512bw"))) static void adamw_avx512(const struct consts *c, const struct io *a,
                                                                      size_t n)
 {
     const __m512 gscale = _mm512_set1_ps(c->gscale), decay = _mm512_set1_ps(c->decay), w1 = _mm512_set1_ps(c->w1),
@@ -134,42 +140,50 @@ __attribute__((target("avx512f,avx512bw"))) static void adamw_avx512(const struc
                   inf = _mm512_set1_epi32(0x7f800000), qbit = _mm512_set1_epi32(0x40);
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), gscale);
-        __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
-        __m512 mo = _mm512_loadu_ps(m + i);
+        __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(a->g + i), gscale);
+        __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(a->p + i), decay);
+        __m512 mo = _mm512_loadu_ps(a->m + i);
         __m512 mi = c->lerp_low ? _mm512_add_ps(mo, _mm512_mul_ps(w1, _mm512_sub_ps(gi, mo)))
                                 : _mm512_sub_ps(gi, _mm512_mul_ps(_mm512_sub_ps(gi, mo), one_w1));
-        __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2), _mm512_mul_ps(_mm512_mul_ps(w2, gi), gi));
+        __m512 vi =
+            _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(a->v + i), b2), _mm512_mul_ps(_mm512_mul_ps(w2, gi), gi));
         __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
         pi = _mm512_add_ps(pi, _mm512_mul_ps(neg_step, _mm512_div_ps(mi, denom)));
-        _mm512_storeu_ps(p + i, pi);
-        _mm512_storeu_ps(m + i, mi);
-        _mm512_storeu_ps(v + i, vi);
+        _mm512_storeu_ps(a->po + i, pi);
+        _mm512_storeu_ps(a->mo + i, mi);
+        _mm512_storeu_ps(a->vo + i, vi);
         __m512i u = _mm512_castps_si512(pi);
         __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
         __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
         __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absmask), inf);
         __m512i r = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), qbit);
-        _mm256_storeu_si256((__m256i *)(p16 + i), _mm512_cvtepi32_epi16(r));
+        _mm256_storeu_si256((__m256i *)(a->p16 + i), _mm512_cvtepi32_epi16(r));
     }
     for (; i < n; i++)
-        adamw_one(c, p, m, v, g, p16, i);
+        adamw_one(c, a, i);
+}
+
+void adamw_update_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, const float *m, const float *v,
+                     const float *g, float *p_out, float *m_out, float *v_out, uint16_t *p16, size_t n)
+{
+    struct consts c = consts_of(s);
+    struct io a = {p, m, v, g, p_out, m_out, v_out, p16};
+    switch (isa) {
+    case ADAMW_AVX512:
+        adamw_avx512(&c, &a, n);
+        break;
+    case ADAMW_AVX2:
+        adamw_avx2(&c, &a, n);
+        break;
+    default:
+        adamw_scalar(&c, &a, n);
+    }
 }
 
 void adamw_update(enum adamw_isa isa, const struct adamw_step *s, float *p, float *m, float *v, const float *g,
                   uint16_t *p16, size_t n)
 {
-    struct consts c = consts_of(s);
-    switch (isa) {
-    case ADAMW_AVX512:
-        adamw_avx512(&c, p, m, v, g, p16, n);
-        break;
-    case ADAMW_AVX2:
-        adamw_avx2(&c, p, m, v, g, p16, n);
-        break;
-    default:
-        adamw_scalar(&c, p, m, v, g, p16, n);
-    }
+    adamw_update_to(isa, s, p, m, v, g, p, m, v, p16, n);
 }
 
 #define SUMSQ_BLOCK 4096
@@ -196,6 +210,12 @@ double sumsq_f32(const float *x, size_t n)
     for (size_t i = 0; i < n; i += SUMSQ_BLOCK)
         total += sumsq_block(x + i, n - i < SUMSQ_BLOCK ? n - i : SUMSQ_BLOCK);
     return total;
+}
+
+void grad_add_to(float *dst, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = a[i] + b[i];
 }
 
 void grad_accumulate(float *dst, const float *src, size_t n, int first)

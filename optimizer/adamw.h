@@ -25,6 +25,9 @@ const char *adamw_isa_name(enum adamw_isa isa);
 /* Updates p, m, v in place from g (read only) and writes bf16(p) to p16, for n elements. */
 void adamw_update(enum adamw_isa isa, const struct adamw_step *s, float *p, float *m, float *v, const float *g,
                   uint16_t *p16, size_t n);
+/* The same, reading p, m, v and writing the results elsewhere (the optimizer's staging block). */
+void adamw_update_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, const float *m, const float *v,
+                     const float *g, float *p_out, float *m_out, float *v_out, uint16_t *p16, size_t n);
 
 /* Sum of squares of x[0..n) in double, in a fixed order (blocks of 8 lanes), so the result does
  * not depend on the ISA or on how callers split work between threads at multiples of 64. */
@@ -32,5 +35,7 @@ double sumsq_f32(const float *x, size_t n);
 
 /* dst = src (first contribution) or dst += src, elementwise fp32. */
 void grad_accumulate(float *dst, const float *src, size_t n, int first);
+/* dst = a + b, elementwise fp32. */
+void grad_add_to(float *dst, const float *a, const float *b, size_t n);
 
 #endif

@@ -186,12 +186,10 @@ static void reduce_lane(struct optim *o, int t)
     for (uint32_t b = atomic_load_explicit(&cs->red_done[t], memory_order_acquire); b < end; b++) {
         size_t i = (size_t)b * JOURNAL_BLOCK, n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i
                                                                                           : JOURNAL_BLOCK;
-        if (d->micro == 0) {
+        if (d->micro == 0)
             memcpy(l->stage_p, src + i, n * sizeof(float));
-        } else {
-            memcpy(l->stage_p, o->shm.grad_acc + ch->offset + i, n * sizeof(float));
-            grad_accumulate(l->stage_p, src + i, n, 0);
-        }
+        else
+            grad_add_to(l->stage_p, o->shm.grad_acc + ch->offset + i, src + i, n);
         journal_commit(o, l, JOURNAL_REDUCE, d->chunk, d->step, d->micro, b, (size_t)ch->offset + i, n);
         atomic_store_explicit(&cs->red_done[t], b + 1, memory_order_release);
         journal_clear(l);
@@ -267,10 +265,8 @@ static void update_lane(struct optim *o, int t)
         const struct update_item *it = &o->items[c][b];
         size_t off = it->offset, n = it->n;
         st.weight_decay = it->decay ? wd : 0.0f;
-        memcpy(l->stage_p, o->shm.master + off, n * sizeof(float));
-        memcpy(l->stage_m, o->shm.exp_avg + off, n * sizeof(float));
-        memcpy(l->stage_v, o->shm.exp_avg_sq + off, n * sizeof(float));
-        adamw_update(o->isa, &st, l->stage_p, l->stage_m, l->stage_v, o->shm.grad_acc + off, l->stage_p16, n);
+        adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off,
+                        o->shm.grad_acc + off, l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
         journal_commit(o, l, JOURNAL_UPDATE, (uint32_t)c, (uint32_t)st.step, 0, b, off, n);
         atomic_store_explicit(&cs->upd_done[t], b + 1, memory_order_release);
         journal_clear(l);

@@ -1,0 +1,44 @@
+# Sourced by the GPU-host scripts (bench/gpu_issue*.sh), from the repo root: builds with the carried
+# .debs (the host lacks libuv, CMocka, inih, cJSON; see gpu_issue4.sh's header for preparing
+# .gpudeps/) and sets PATH, LD_LIBRARY_PATH, SD_BUILD and SD_SOURCE. Sets $build and $out; exits 1
+# when the build fails.
+set -u
+root=$(pwd)
+out=${OUT:-$root/.gpuout}
+deps=${GPUDEPS:-$root/.gpudeps}
+build=${BUILD:-build-gpu}
+sysroot=/tmp/sysroot
+mkdir -p "$out" "$sysroot"
+export PATH=/usr/local/cuda/bin:$PATH
+log() { echo "$*" | tee -a "$out/summary.log"; }
+: > "$out/summary.log"
+
+# ---- build ----
+{
+    nvidia-smi
+    nvcc --version | tail -2
+    export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if ! command -v meson >/dev/null 2>&1; then
+        mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m mesonbuild.mesonmain "$@"\n' > /tmp/bin/meson
+        chmod +x /tmp/bin/meson && export PATH=/tmp/bin:$PATH
+    fi
+    if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists openblas; then
+        echo "host lacks pkg-config or OpenBLAS: unpacking $deps/extra"
+        for f in "$deps"/extra/*.deb; do dpkg -x "$f" "$sysroot"; done
+        export PATH=$sysroot/usr/bin:$PATH
+        pc=$sysroot/usr/lib/x86_64-linux-gnu/pkgconfig
+        mkdir -p "$pc"
+        [ -f "$pc/openblas.pc" ] || printf '%s\n' 'libdir=/usr/lib/x86_64-linux-gnu/openblas-pthread' \
+            'includedir=/usr/include/x86_64-linux-gnu/openblas-pthread' 'Name: openblas' 'Description: OpenBLAS' \
+            'Version: 0.3' 'Libs: -L${libdir} -lopenblas' 'Cflags: -I${includedir}' > "$pc/openblas.pc"
+    fi
+    sh "$deps/build.sh" "$deps" "$build"
+} > "$out/build.log" 2>&1
+if [ ! -x "$build/slidedp-launch" ] || [ ! -x "$build/bench/bench_attention" ]; then
+    log "BUILD FAILED"; tail -40 "$out/build.log"; exit 1
+fi
+export PATH=$sysroot/usr/bin:$PATH
+export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu:$sysroot/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export SD_BUILD=$root/$build SD_SOURCE=$root OPENBLAS_NUM_THREADS=1
+log "built $build ($(grep -c . "$out/build.log") log lines)"
+
