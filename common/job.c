@@ -58,6 +58,7 @@ static const struct key_spec key_specs[] = {
     {"checkpoint", "keep", K_INT, OFF(ckpt_keep), 1, 1000000, NULL, 0},
     {"checkpoint", "export_dtype", K_ENUM, OFF(export_dtype), 0, 0, "bf16|fp32", 0},
     {"checkpoint", "resume", K_ENUM, OFF(resume_auto), 0, 0, "never|auto", 0},
+    {"checkpoint", "save_final", K_BOOL, OFF(save_final), 0, 0, NULL, 0},
     {"runtime", "device", K_ENUM, OFF(device), 0, 0, "cuda|cpu", 0},
     {"runtime", "gpus", K_INT, OFF(gpus), 1, JOB_MAX_GPUS, NULL, 0},
     {"runtime", "gpu_mem", K_BYTES_AUTO, OFF(gpu_mem), 0, 0, NULL, 0},
@@ -94,6 +95,7 @@ void job_config_defaults(struct job_config *job)
     snprintf(job->ckpt_dir, sizeof job->ckpt_dir, "runs/demo/ckpt");
     job->ckpt_keep = 2;
     job->resume_auto = true;
+    job->save_final = true;
     job->device = DEVICE_CUDA;
     job->gpus = 1;
     snprintf(job->log_dir, sizeof job->log_dir, "runs/demo");

@@ -52,6 +52,7 @@ struct job_config {
     int ckpt_keep;
     enum export_dtype export_dtype;
     bool resume_auto;
+    bool save_final;         /* export final/ and checkpoint the last step (false: benchmarks) */
 
     /* [runtime] */
     enum device_kind device;

@@ -380,7 +380,10 @@ static void finish(struct sup *s)
     uv_timer_stop(&s->poll_timer);
     uv_timer_stop(&s->kill_timer);
     poll_steps(s);
-    if (s->state == SUP_FINISHING) {
+    if (s->state == SUP_FINISHING && !s->st.job.save_final) {
+        printf("done (checkpoint.save_final = false: nothing exported)\n");
+        s->exit_code = 0;
+    } else if (s->state == SUP_FINISHING) {
         char dir[JOB_PATH_MAX + 16];
         snprintf(dir, sizeof dir, "%s/final", s->st.job.ckpt_dir);
         if (state_export(&s->st, dir) != 0) {

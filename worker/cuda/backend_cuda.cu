@@ -193,8 +193,10 @@ static void cu_wait_grads_device(struct backend *be, int slot)
     CUDA_CHECK(cudaStreamWaitEvent(cx->compute, cx->d2h_done[slot], 0));
 }
 
+/* Called from the worker's poster thread too: the current device is per thread. */
 static void cu_wait_grads_host(struct backend *be, int slot)
 {
+    CUDA_CHECK(cudaSetDevice(cuda_ctx_of(be)->device));
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
     CUDA_CHECK(cudaEventSynchronize(cuda_ctx_of(be)->d2h_done[slot]));
 }
