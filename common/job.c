@@ -71,6 +71,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "param_route", K_ENUM, OFF(param_route), 0, 0, "auto|replicated|sharded", 0},
     {"runtime", "grad_route", K_ENUM, OFF(grad_route), 0, 0, "auto|cpu|gpu", 0},
     {"runtime", "update_mode", K_ENUM, OFF(update_mode), 0, 0, "auto|after_backward|during_backward", 0},
+    {"runtime", "accumulate_on_device", K_ENUM, OFF(accumulate_on_device), 0, 0, "auto|false|true", -1},
     {"log", "dir", K_PATH, OFF(log_dir), 0, 0, NULL, 0},
     {"log", "every", K_INT, OFF(log_every), 1, INT_MAX, NULL, 0},
 };
@@ -98,6 +99,7 @@ void job_config_defaults(struct job_config *job)
     job->save_final = true;
     job->device = DEVICE_CUDA;
     job->gpus = 1;
+    job->accumulate_on_device = -1;
     snprintf(job->log_dir, sizeof job->log_dir, "runs/demo");
     job->log_every = 1;
 }

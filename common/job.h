@@ -67,6 +67,7 @@ struct job_config {
     enum param_route param_route;
     enum grad_route grad_route;
     enum update_mode update_mode;
+    int accumulate_on_device;  /* -1 auto, 0 no, 1 yes */
 
     /* [log] */
     char log_dir[JOB_PATH_MAX];

@@ -19,6 +19,7 @@ struct plan {
     int param_route;        /* enum param_route, never AUTO here */
     int grad_route;         /* enum grad_route, never AUTO here */
     int logits_rows;        /* rows per cross-entropy chunk */
+    int accumulate_on_device; /* micro-steps sum their gradients on the GPU; each rank sends once per step */
     uint8_t keep_acts[PLAN_MAX_LAYERS]; /* per layer: 1 keep, 0 recompute from the layer input */
     /* predictions (seconds per step, bytes) */
     double predicted_step_s;

@@ -512,7 +512,8 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
         l->stage_v = l->stage_m + JOURNAL_BLOCK;
         l->stage_p16 = (uint16_t *)(l->stage_v + JOURNAL_BLOCK);
     }
-    o->total_micro = (uint32_t)(h->gpus * h->job.grad_accum);
+    /* one gradient per rank and micro-step, or per rank when micro-steps sum on the device */
+    o->total_micro = (uint32_t)(h->gpus * (h->plan.accumulate_on_device ? 1 : h->job.grad_accum));
     o->isa = adamw_isa_detect();
     snprintf(o->slot->device_name, sizeof o->slot->device_name, "cpu %s x%d", adamw_isa_name(o->isa), o->threads);
     o->chunks = malloc(sizeof(int) * (size_t)h->num_chunks);

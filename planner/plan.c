@@ -55,6 +55,12 @@ int plan_make(const struct job_config *job, const struct model_config *cfg, int 
         return sd_err("[runtime] param_route = sharded is not available yet; use replicated");
     if (job->grad_route == GRADS_GPU)
         return sd_err("[runtime] grad_route = gpu is not available yet; use cpu");
+    /* Micro-steps sum their gradients on the GPU (4 bytes per parameter there) when that fits well
+     * within the budget: each rank then sends and the optimizers add one gradient per step. */
+    int64_t budget = job->gpu_mem > 0 ? job->gpu_mem : (int64_t)80 << 30;
+    bool fits = (int64_t)model_config_num_params(cfg) * 4 <= budget / 3;
+    plan->accumulate_on_device = job->accumulate_on_device >= 0 ? job->accumulate_on_device
+                                 : job->device == DEVICE_CUDA && job->grad_accum > 1 && fits;
     plan->param_route = PARAMS_REPLICATED;
     plan->grad_route = GRADS_CPU;
     for (int l = 0; l < L; l++)

@@ -236,6 +236,33 @@ static void test_random_worker_kills(void **state)
     assert_int_equal(metrics_lines("kill-workers", &first, &last), 120);
 }
 
+/* Micro-steps summing their gradients on the device: a worker killed mid-step redoes the step. */
+static void test_worker_kills_accumulating_on_device(void **state)
+{
+    write_job("ref-dev", 120, "");
+    char ini[1300];
+    job_path("ref-dev", "job.ini", ini, sizeof ini);
+    FILE *f = fopen(ini, "a");
+    fputs("[runtime]\naccumulate_on_device = true\n", f);
+    fclose(f);
+    assert_int_equal(run_job("ref-dev", NULL), 0);
+    write_job("kill-dev", 120, "");
+    job_path("kill-dev", "job.ini", ini, sizeof ini);
+    f = fopen(ini, "a");
+    fputs("[runtime]\naccumulate_on_device = true\n", f);
+    fclose(f);
+    char job[32];
+    job_name_of("kill-dev", job, sizeof job);
+    pid_t pid = start_launcher("kill-dev", NULL);
+    int r = kill_randomly(pid, job, PROC_WORKER, 60, 240);
+    printf("# worker kills with on-device accumulation: %d, launcher exit %d\n", r & 0xffff, r >> 16);
+    if (r >> 16 != 0)
+        show_log("kill-dev");
+    assert_int_equal(r >> 16, 0);
+    assert_true((r & 0xffff) >= 20);
+    assert_same_weights("kill-dev", "ref-dev");
+}
+
 static void test_random_optimizer_kills(void **state)
 {
     write_job("kill-optims", 120, "");
@@ -390,6 +417,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference),
         cmocka_unit_test(test_random_worker_kills),
+        cmocka_unit_test(test_worker_kills_accumulating_on_device),
         cmocka_unit_test(test_random_optimizer_kills),
         cmocka_unit_test(test_crash_points),
         cmocka_unit_test(test_launcher_kills),

@@ -224,6 +224,11 @@ void model_free(struct model *m)
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i])
             be->ops->free(be, ptrs[i]);
+    if (m->chunk_grads)
+        for (int c = 1; c < m->num_chunks; c++)
+            if (m->chunk_grads[c])
+                be->ops->free(be, m->chunk_grads[c]);
+    free(m->chunk_grads);
     free(m->keep_acts);
     free(m->acts);
     free(m->scratch);
@@ -429,27 +434,59 @@ static void fetch_loss(struct model *m, float *loss_rows, int32_t *correct)
         be->ops->download(be, correct, m->d_correct, sizeof(int32_t) * (size_t)m->N);
 }
 
+int model_keep_grads_resident(struct model *m)
+{
+    m->chunk_grads = calloc((size_t)m->num_chunks, sizeof *m->chunk_grads);
+    if (!m->chunk_grads)
+        return sd_err("out of host memory");
+    int fail = 0;
+    m->chunk_grads[0] = m->grad_embed;
+    for (int c = 1; c < m->num_chunks; c++)
+        m->chunk_grads[c] = f32_alloc(m, (size_t)m->chunks[c].numel, &fail);
+    return fail ? sd_err_prefix("device memory for gradients accumulated over micro-steps") : 0;
+}
+
+/* The buffer chunk c's gradient goes into: its own (zeroed on the first micro-step) when
+ * gradients stay resident, else the next of the two alternating ones. */
+static float *chunk_grad(struct model *m, const struct model_io *io, int c, bool first)
+{
+    if (!m->chunk_grads)
+        return take_grad_buf(m, io);
+    if (first)
+        zero_grads(m, io, m->chunk_grads[c], (size_t)m->chunks[c].numel);
+    return m->chunk_grads[c];
+}
+
 int model_train_step(struct model *m, const struct model_io *io, const int32_t *tokens, const int32_t *targets,
                      const float *row_scale, float *loss_rows, int32_t *correct)
+{
+    return model_train_micro(m, io, tokens, targets, row_scale, loss_rows, correct, true, true);
+}
+
+int model_train_micro(struct model *m, const struct model_io *io, const int32_t *tokens, const int32_t *targets,
+                      const float *row_scale, float *loss_rows, int32_t *correct, bool first, bool last)
 {
     struct backend *be = m->be;
     const struct model_config *cfg = &m->cfg;
     int hc = head_chunk(m);
+    bool hand_out = last || !m->chunk_grads;
     upload_batch(m, tokens, targets, row_scale);
-    zero_grads(m, io, m->grad_embed, (size_t)m->chunks[0].numel);
+    if (first || !m->chunk_grads)
+        zero_grads(m, io, m->grad_embed, (size_t)m->chunks[0].numel);
 
     forward_trunk(m, io);
-    float *head_grad = take_grad_buf(m, io);
+    float *head_grad = chunk_grad(m, io, hc, first);
     head_pass(m, io, true, head_grad, NULL);
     fetch_loss(m, loss_rows, correct);
     if (io->loss_done)
         io->loss_done(io->ctx, loss_rows, m->N);
-    io->grads_done(io->ctx, hc, head_grad);
+    if (hand_out)
+        io->grads_done(io->ctx, hc, head_grad);
     io->release(io->ctx, hc);
 
     for (int c = hc - 1; c >= 1; c--) {
         const void *w = io->weights(io->ctx, c, c > 1 ? c - 1 : -1);
-        float *g = take_grad_buf(m, io);
+        float *g = chunk_grad(m, io, c, first);
         const struct chunk_desc *ch = &m->chunks[c];
         for (int l = ch->first_layer + ch->num_layers - 1; l >= ch->first_layer; l--) {
             struct tensor_ptrs p;
@@ -462,12 +499,14 @@ int model_train_step(struct model *m, const struct model_io *io, const int32_t *
             layer_backward(m, &p, m->layer_inp[l], a, m->d_dres);
         }
         io->release(io->ctx, c);
-        io->grads_done(io->ctx, c, g);
+        if (hand_out)
+            io->grads_done(io->ctx, c, g);
     }
     struct tensor_ptrs pe;
     tensor_ptrs(m, 0, NULL, m->grad_embed, -1, &pe);
     be->ops->embedding_bwd(be, pe.g[TENSOR_EMBED], m->d_dres, m->d_tokens, m->N, cfg->hidden_size);
-    io->grads_done(io->ctx, 0, m->grad_embed);
+    if (hand_out)
+        io->grads_done(io->ctx, 0, m->grad_embed);
     return 0;
 }
 

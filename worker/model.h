@@ -65,6 +65,7 @@ struct model {
     float *grad_bufs[2];  /* alternating gradient buffers for the other chunks */
     int64_t grad_buf_numel;
     int next_grad_buf;
+    float **chunk_grads;  /* per chunk, when gradients accumulate on the device over micro-steps */
 
     /* host scratch */
     float *h_loss_rows;
@@ -82,6 +83,15 @@ void model_free(struct model *m);
  * receives each row's cross-entropy; correct (may be NULL) whether its argmax hit the target. */
 int model_train_step(struct model *m, const struct model_io *io, const int32_t *tokens, const int32_t *targets,
                      const float *row_scale, float *loss_rows, int32_t *correct);
+
+/* Keeps a gradient buffer per chunk on the device so that the micro-steps of a step accumulate
+ * there and each chunk's sum goes out once (model_train_micro). */
+int model_keep_grads_resident(struct model *m);
+
+/* One micro-step of a step: with resident gradients, `first` zeroes them and only `last` hands
+ * each chunk's sum to grads_done; otherwise every call hands out its own gradients. */
+int model_train_micro(struct model *m, const struct model_io *io, const int32_t *tokens, const int32_t *targets,
+                      const float *row_scale, float *loss_rows, int32_t *correct, bool first, bool last);
 
 /* Forward only. logits (may be NULL): host (B*T, V) fp32 copy of the logits. */
 int model_eval(struct model *m, const struct model_io *io, const int32_t *tokens, const int32_t *targets,

@@ -495,9 +495,16 @@ static int train_step(struct worker *w, uint32_t s)
     w->step = s;
     uint32_t first = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire);
     w->loss_sum = loss_through(w, s, first);
+    /* Micro-steps summing on the device post once, at the last one, as micro-batch r; a restart
+     * then has nothing posted to build on and redoes the step from its first micro-step. */
+    bool on_device = h->plan.accumulate_on_device;
+    if (on_device && first < (uint32_t)w->A) {
+        first = 0;
+        w->loss_sum = 0;
+    }
     if (w->recovering) {
         w->recover_step = s;
-        w->recover_micro = first * (uint32_t)w->G + (uint32_t)w->rank;
+        w->recover_micro = on_device ? (uint32_t)w->rank : first * (uint32_t)w->G + (uint32_t)w->rank;
     }
     int64_t seq_index[4096];
     SD_ASSERT(w->mb <= 4096);
@@ -510,11 +517,12 @@ static int train_step(struct worker *w, uint32_t s)
         int n = w->mb * w->T;
         for (int i = 0; i < n; i++)
             w->row_scale[i] = w->mask[i] ? (float)(1.0 / (double)ntargets) : 0.0f;
-        w->micro = (uint32_t)(a * w->G + w->rank);
+        w->micro = on_device ? (uint32_t)w->rank : (uint32_t)(a * w->G + w->rank);
         w->micro_index = (uint32_t)a;
         w->row_mask_cur = w->mask;
         set_phase(w, PHASE_FORWARD);
-        model_train_step(&w->model, &io, w->tokens, w->targets, w->row_scale, w->loss_rows, NULL);
+        model_train_micro(&w->model, &io, w->tokens, w->targets, w->row_scale, w->loss_rows, NULL, a == (int)first,
+                          a == w->A - 1);
         post_enqueue(w, (struct post){.chunk = -1, .step = s, .posted = (uint32_t)a + 1, .step_done = a == w->A - 1});
         w->recovering = false;
         atomic_fetch_add_explicit(&w->slot->items, 1, memory_order_relaxed);
@@ -641,6 +649,8 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     }
     if (model_init(&w->model, &w->be, &h->model, ctl_tensors(h), h->num_tensors, ctl_chunks(h), h->num_chunks, w->mb,
                    w->T, h->plan.keep_acts, h->plan.logits_rows) != 0)
+        return -1;
+    if (h->plan.accumulate_on_device && model_keep_grads_resident(&w->model) != 0)
         return -1;
     size_t n = (size_t)w->mb * w->T;
     w->tokens = malloc(n * sizeof(int32_t));
