@@ -52,7 +52,10 @@ median() { python3 -c "import json,sys,statistics as st; x=[json.loads(l)['step_
 # every run gets at most its limit and never runs past the call's deadline (DEADLINE seconds)
 deadline=${DEADLINE:-570}
 left() { local l=$((deadline - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+# ONLY="name ..." runs just those (the bounds always run)
+wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 ours() { # name, seconds, overrides...
+    wanted "$1" || return 0
     local name=$1 limit=$(left $2); shift 2
     [ "$limit" -lt 20 ] && { log "$name: skipped (no time left)"; return; }
     rm -rf "$w/log" "$w/ckpt"
@@ -65,6 +68,7 @@ ours() { # name, seconds, overrides...
     "$build/slidedp-launch" --clean "$w/job.ini" "$@" > /dev/null 2>&1
 }
 peer() { # name, seconds, args...
+    wanted "$1" || return 0
     local name=$1 limit=$(left $2); shift 2
     [ "$limit" -lt 20 ] && { log "$name: skipped (no time left)"; return; }
     timeout "$limit" python3 "$peer" "$@" > "$out/$name.log" 2>&1
