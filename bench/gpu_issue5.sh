@@ -78,6 +78,7 @@ peer() { # name, seconds, args...
 }
 : > "$out/results.log"
 ours slidedp_8k 150
+ours slidedp_8k_k1 150 runtime.optim_procs=1 runtime.optim_threads=14
 peer fsdp2_offload_8k 150 1.7b offload 4096 2 1 5
 ours slidedp_64k 150 train.grad_accum=8 train.steps=4
 peer fsdp2_gpu_64k 100 1.7b gpu 4096 2 8 4
@@ -103,6 +104,8 @@ cat "$out/pcie.log" | tee -a "$out/summary.log"
 timeout $(left 60) "$build/bench/bench_layer" > "$out/bench_layer.log" 2>&1
 grep -E 'RESULT|layer' "$out/bench_layer.log" | head -5 | tee -a "$out/summary.log"
 ours slidedp_64k_mb8 150 train.micro_batch=8 train.grad_accum=2 train.steps=4
+ours slidedp_64k_mb8_k1 150 train.micro_batch=8 train.grad_accum=2 train.steps=4 runtime.optim_procs=1 \
+    runtime.optim_threads=14
 
 python3 - "$out" <<'PY' | tee -a "$out/summary.log"
 import sys, re
@@ -124,16 +127,19 @@ pcie = r.get("pcie_bound", float("nan"))
 tok = lambda k, n: n / r[k] if r.get(k) and r[k] == r[k] else float("nan")
 print(f"bounds per 8k-token step: optimizer {opt:.3f} s, PCIe {pcie:.3f} s, GPU compute {gpu:.3f} s")
 b = max(opt, pcie, gpu)
-rows = [("slidedp 8k (2 x 4096)", "slidedp_8k", 8192), ("FSDP2 CPUOffloadPolicy 8k", "fsdp2_offload_8k", 8192),
+rows = [("slidedp 8k (2 x 4096)", "slidedp_8k", 8192), ("slidedp 8k, 1 optimizer x 14", "slidedp_8k_k1", 8192),
+        ("FSDP2 CPUOffloadPolicy 8k", "fsdp2_offload_8k", 8192),
         ("slidedp 64k (2 x 4096 x 8)", "slidedp_64k", 65536), ("FSDP2 GPU-resident 64k", "fsdp2_gpu_64k", 65536),
-        ("slidedp 64k (8 x 4096 x 2)", "slidedp_64k_mb8", 65536)]
+        ("slidedp 64k (8 x 4096 x 2)", "slidedp_64k_mb8", 65536),
+        ("slidedp 64k (8 x 4096 x 2), 1 x 14", "slidedp_64k_mb8_k1", 65536)]
 print(f"| {'run':28} | {'step s':>8} | {'tokens/s':>9} |")
 print(f"|{'-'*30}|{'-'*10}|{'-'*11}|")
 for name, k, n in rows:
     print(f"| {name:28} | {r.get(k, float('nan')):8.3f} | {tok(k, n):9.0f} |")
-print(f"slidedp 8k vs the slowest bound ({b:.3f} s): {r.get('slidedp_8k', float('nan')) / b:.2f}x (goal <= 1.15)")
-print(f"slidedp 8k vs FSDP2 offload: {tok('slidedp_8k', 8192) / tok('fsdp2_offload_8k', 8192):.2f}x tokens/s (goal >= 4.5)")
+best8 = min(r.get('slidedp_8k', float('inf')), r.get('slidedp_8k_k1', float('inf')))
+print(f"slidedp 8k (best) vs the slowest bound ({b:.3f} s): {best8 / b:.2f}x (goal <= 1.15)")
+print(f"slidedp 8k (best) vs FSDP2 offload: {r.get('fsdp2_offload_8k', float('nan')) / best8:.2f}x tokens/s (goal >= 4.5)")
 print(f"slidedp 64k vs FSDP2 GPU 64k: {tok('slidedp_64k', 65536) / tok('fsdp2_gpu_64k', 65536):.2f}x (goal >= 1.0)")
-best = max(tok('slidedp_64k', 65536), tok('slidedp_64k_mb8', 65536))
+best = max(tok('slidedp_64k', 65536), tok('slidedp_64k_mb8', 65536), tok('slidedp_64k_mb8_k1', 65536))
 print(f"slidedp best 64k vs FSDP2 GPU 64k: {best / tok('fsdp2_gpu_64k', 65536):.2f}x (goal >= 1.1)")
 PY
