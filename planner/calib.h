@@ -1,0 +1,128 @@
+/* Calibration: the rates the step-time model (planner/model.h) turns FLOPs and bytes into seconds.
+ * Host rates are measured at plan time and cached per host (calib-<host>.json); GPU rates come
+ * from calib-gpu-<host>.json when a GPU host wrote one, else from one H200's numbers (DESIGN §10,
+ * bench/NOTES_issue4.md). Files live in $SLIDEDP_CACHE_DIR, else ~/.cache/slidedp. Used by the
+ * planner and slidedp-plan. */
+#ifndef SD_CALIB_H
+#define SD_CALIB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CALIB_VERSION 1
+#define CALIB_MAX_POINTS 16
+#define CALIB_PATH_MAX 1100
+
+/* A rate measured at a few thread counts (1, 2, 4, ..., ncpu); read between them linearly. */
+struct calib_curve {
+    int n;
+    int threads[CALIB_MAX_POINTS];
+    double value[CALIB_MAX_POINTS];
+};
+
+/* Elementwise ops of the CPU backend (worker/cpu/backend_cpu.c), costed per element. */
+enum cpu_elem {
+    ELEM_RMSNORM_FWD = 0, /* per element of (N, C) */
+    ELEM_RMSNORM_BWD,
+    ELEM_ROPE,            /* per element rotated, forward or backward */
+    ELEM_SWIGLU_FWD,
+    ELEM_SWIGLU_BWD,
+    ELEM_ADD,
+    ELEM_XENT,            /* per logit, with the gradient written in place */
+    ELEM_EMBED_FWD,
+    ELEM_EMBED_BWD,
+    ELEM_CONVERT,         /* bf16 -> fp32 weight fetch, per weight */
+    ELEM_COPY,            /* fp32 copy (gradients to the host slot, bias rows), per element */
+    ELEM_ZERO,            /* fp32 memset, per element */
+    ELEM_COUNT
+};
+
+/* The CPU backend on one thread (workers run OPENBLAS_NUM_THREADS=1). */
+struct calib_cpu {
+    /* sgemm(m, n, k) takes 2mnk / gemm_flops + gemm_elem_s * (mk + kn + mn) seconds: the FLOPs
+     * at the kernel's peak plus packing the inputs and passing over the output. */
+    double gemm_flops;
+    double gemm_elem_s;
+    /* attention over P = T(T+1)/2 (query, key) pairs per head: B * Hq * P * (pair_dim_s * D + pair_s) */
+    double attn_fwd_pair_dim_s, attn_fwd_pair_s;
+    double attn_bwd_pair_dim_s, attn_bwd_pair_s;
+    double elem_s[ELEM_COUNT];
+};
+
+struct calib_host {
+    int ncpu;
+    struct calib_curve memcpy_bw;  /* bytes/s copied by t threads together (large buffers) */
+    struct calib_curve adamw_rate; /* parameters/s updated by t threads together, through a staging
+                                    * block as optimizer/optim.c does (optimizer/adamw.h) */
+    double wake_s;                 /* a futex wake across processes until the sleeper runs */
+    struct calib_cpu cpu;
+};
+
+/* GPU rates, per GPU. The launcher never initialises CUDA, so these are read from a file that a
+ * GPU host writes (a JSON object with any of the field names below and optional "host" and
+ * "device" strings; other keys are an error), or assumed. */
+struct calib_gpu {
+    double h2d_bw;            /* bytes/s host -> device, registered memory, one direction busy */
+    double d2h_bw;            /* bytes/s device -> host */
+    double bidir_bw;          /* bytes/s each way when both directions run */
+    double p2p_bw;            /* bytes/s of a peer copy between two GPUs */
+    double gemm_flops;        /* bf16 GEMM FLOP/s on large shapes (smallest dimension >= 1024) */
+    double gemm_small_flops;  /* the same at smallest dimension 128 (read linearly in log between) */
+    double attn_fwd_flops;    /* causal attention forward FLOP/s (4*B*H*D*T(T+1)/2 FLOPs) */
+    double attn_fwdbwd_flops; /* forward + backward FLOP/s (3.5 forwards' FLOPs) */
+    double mem_bw;            /* device memory bytes/s of elementwise kernels */
+    double launch_s;          /* per kernel launch */
+    double mem_bytes;         /* device memory used when runtime.gpu_mem = auto */
+};
+
+/* Fields of struct calib_gpu by name (the JSON keys), for reading, defaults and reporting. */
+struct calib_gpu_field {
+    const char *name;
+    size_t offset;
+    double assumed; /* DESIGN §10 H200 value */
+    const char *unit;
+};
+extern const struct calib_gpu_field calib_gpu_fields[];
+extern const int calib_gpu_num_fields;
+
+enum calib_source {
+    CALIB_ASSUMED = 0,  /* built-in default */
+    CALIB_MEASURED = 1, /* measured by this process */
+    CALIB_CACHED = 2,   /* measured earlier on this host, read from the cache file */
+    CALIB_FILE = 3,     /* read from a GPU calibration file */
+};
+
+struct calib {
+    char hostname[64];
+    struct calib_host host;
+    int host_source;                 /* CALIB_MEASURED or CALIB_CACHED (CALIB_ASSUMED in tests) */
+    char host_file[CALIB_PATH_MAX];  /* the cache file, "" if none could be written */
+    struct calib_gpu gpu;
+    uint32_t gpu_from_file;          /* bit i: calib_gpu_fields[i] came from gpu_file */
+    char gpu_file[CALIB_PATH_MAX];
+    int64_t mem_available;           /* host MemAvailable now, bytes (-1 unknown) */
+};
+
+/* The next calib_load measures the host again and rewrites the cache (--recalibrate). */
+void calib_force_measure(void);
+
+/* Fills c for this host: the cached host rates (measuring and caching them when missing, stale or
+ * forced), the GPU file or defaults, MemAvailable. */
+int calib_load(struct calib *c);
+
+/* Measures the host rates now (about a second). */
+int calib_measure_host(struct calib_host *h);
+
+/* GPU fields all assumed (DESIGN §10). */
+void calib_gpu_defaults(struct calib_gpu *g);
+
+/* A curve read at t threads (clamped to the measured range). */
+double calib_curve_at(const struct calib_curve *cv, double t);
+
+static inline double calib_gpu_get(const struct calib_gpu *g, int field)
+{
+    return *(const double *)((const char *)g + calib_gpu_fields[field].offset);
+}
+
+#endif
