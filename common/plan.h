@@ -9,6 +9,16 @@
 
 #define PLAN_MAX_LAYERS 1024
 
+/* The stream that bounds a plan's step time. */
+enum plan_bottleneck {
+    BOTTLENECK_COMPUTE = 0, /* device compute */
+    BOTTLENECK_H2D = 1,     /* weights host -> device */
+    BOTTLENECK_D2H = 2,     /* gradients device -> host */
+    BOTTLENECK_P2P = 3,     /* peer copies between GPUs */
+    BOTTLENECK_OPTIM = 4,   /* the CPU optimizer processes */
+    BOTTLENECK_HOST_MEM = 5 /* host memory bandwidth */
+};
+
 struct plan {
     int layers_per_chunk;
     int chunk_buffers;      /* device chunk ring depth per worker */
@@ -26,6 +36,10 @@ struct plan {
     double predicted_compute_s, predicted_h2d_s, predicted_d2h_s, predicted_optim_s;
     int64_t gpu_bytes;      /* per GPU */
     int64_t host_bytes;     /* shared state + staging */
+    double predicted_recompute_s, predicted_p2p_s, predicted_host_mem_s;
+    double predicted_exposed_s; /* beyond the bottleneck stream: fill, drain, waits */
+    int bottleneck;         /* enum plan_bottleneck */
+    int64_t gpu_budget;     /* per GPU bytes the plan was fitted into; 0: the host's memory (CPU backend) */
 };
 
 #endif

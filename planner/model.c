@@ -1,0 +1,693 @@
+/* Step-time and memory model of a candidate plan (see model.h): per-op costs from the calibration,
+ * then a walk through a few steps of the pipeline, event by event, in the order the worker, its
+ * chunk cache and the optimizer processes do the work. */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "shm/ring.h"
+
+/* ---- per-op costs ---- */
+
+struct dev {
+    bool cpu;
+    const struct calib_cpu *c;
+    const struct calib_gpu *g;
+};
+
+/* Device memory bytes an elementwise kernel moves per element (bf16 activations, fp32 where the
+ * op keeps fp32). */
+static const double gpu_elem_bytes[ELEM_COUNT] = {
+    [ELEM_RMSNORM_FWD] = 4, [ELEM_RMSNORM_BWD] = 8, [ELEM_ROPE] = 4,      [ELEM_SWIGLU_FWD] = 6,
+    [ELEM_SWIGLU_BWD] = 10, [ELEM_ADD] = 6,         [ELEM_XENT] = 8,      [ELEM_EMBED_FWD] = 4,
+    [ELEM_EMBED_BWD] = 10,  [ELEM_CONVERT] = 6,     [ELEM_COPY] = 8,      [ELEM_ZERO] = 4,
+};
+
+static double gemm_s(const struct dev *d, double m, double n, double k)
+{
+    if (m <= 0 || n <= 0 || k <= 0)
+        return 0;
+    double flops = 2 * m * n * k;
+    if (d->cpu)
+        return flops / d->c->gemm_flops + d->c->gemm_elem_s * (m * k + k * n + m * n);
+    double dim = fmin(m, fmin(n, k)), small = d->g->gemm_small_flops, large = d->g->gemm_flops;
+    double rate = dim >= 1024 ? large : dim >= 128 ? small + (large - small) * log2(dim / 128) / 3 : small * dim / 128;
+    return flops / rate + d->g->launch_s;
+}
+
+static double elem_s(const struct dev *d, int op, double n)
+{
+    if (n <= 0)
+        return 0;
+    if (d->cpu)
+        return n * d->c->elem_s[op];
+    return n * gpu_elem_bytes[op] / d->g->mem_bw + d->g->launch_s;
+}
+
+/* (query, key) pairs of causal attention over all heads */
+static double attn_pairs(int B, int T, int Hq)
+{
+    return (double)B * Hq * T * (T + 1.0) / 2.0;
+}
+
+static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D)
+{
+    double P = attn_pairs(B, T, Hq);
+    if (d->cpu)
+        return P * (d->c->attn_fwd_pair_dim_s * D + d->c->attn_fwd_pair_s);
+    return 4 * P * D / d->g->attn_fwd_flops + d->g->launch_s;
+}
+
+/* The backward is what forward + backward costs beyond the forward (FlashAttention counts it as
+ * 2.5 forwards). */
+static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D)
+{
+    double P = attn_pairs(B, T, Hq);
+    if (d->cpu)
+        return P * (d->c->attn_bwd_pair_dim_s * D + d->c->attn_bwd_pair_s);
+    double F = 4 * P * D;
+    return fmax(3.5 * F / d->g->attn_fwdbwd_flops - F / d->g->attn_fwd_flops, 2.5 * F / d->g->attn_fwd_flops) +
+           d->g->launch_s;
+}
+
+/* ---- the model's ops, mirroring worker/model.c ---- */
+
+struct shape {
+    int B, T;
+    double N;
+    int C, I, D, Hq, Hkv, V;
+    double qdim, kvdim;
+    bool qk, bias;
+};
+
+static struct shape shape_of(const struct model_case *mc)
+{
+    const struct model_config *cfg = mc->cfg;
+    struct shape s = {
+        .B = mc->job->micro_batch,
+        .T = mc->job->seq_len,
+        .N = (double)mc->job->micro_batch * mc->job->seq_len,
+        .C = cfg->hidden_size,
+        .I = cfg->intermediate_size,
+        .D = cfg->head_dim,
+        .Hq = cfg->num_heads,
+        .Hkv = cfg->num_kv_heads,
+        .V = cfg->vocab_size,
+        .qdim = (double)cfg->num_heads * cfg->head_dim,
+        .kvdim = (double)cfg->num_kv_heads * cfg->head_dim,
+        .qk = cfg->qk_norm,
+        .bias = cfg->qkv_bias,
+    };
+    return s;
+}
+
+/* out(N,OC) = inp(N,IC) @ w^T (+ bias rows) */
+static double mm_fwd_s(const struct dev *d, double N, double IC, double OC, bool bias)
+{
+    return gemm_s(d, N, OC, IC) + (bias ? elem_s(d, ELEM_COPY, N * OC) : 0);
+}
+
+/* dinp = dout @ w ; dw += dout^T @ inp ; dbias += column sums */
+static double mm_bwd_s(const struct dev *d, double N, double IC, double OC, bool bias)
+{
+    return gemm_s(d, N, IC, OC) + gemm_s(d, OC, IC, N) + (bias ? elem_s(d, ELEM_ADD, N * OC) : 0);
+}
+
+static double layer_fwd_s(const struct dev *d, const struct shape *s)
+{
+    double N = s->N, C = s->C, I = s->I, t = 0;
+    t += elem_s(d, ELEM_RMSNORM_FWD, N * C);
+    t += mm_fwd_s(d, N, C, s->qdim, s->bias) + 2 * mm_fwd_s(d, N, C, s->kvdim, s->bias);
+    if (s->qk)
+        t += elem_s(d, ELEM_RMSNORM_FWD, N * s->qdim) + elem_s(d, ELEM_RMSNORM_FWD, N * s->kvdim);
+    t += elem_s(d, ELEM_ROPE, N * s->qdim) + elem_s(d, ELEM_ROPE, N * s->kvdim);
+    t += attn_fwd_s(d, s->B, s->T, s->Hq, s->D);
+    t += mm_fwd_s(d, N, s->qdim, C, false) + elem_s(d, ELEM_ADD, N * C);
+    t += elem_s(d, ELEM_RMSNORM_FWD, N * C);
+    t += 2 * mm_fwd_s(d, N, C, I, false) + elem_s(d, ELEM_SWIGLU_FWD, N * I);
+    t += mm_fwd_s(d, N, I, C, false) + elem_s(d, ELEM_ADD, N * C);
+    return t;
+}
+
+static double layer_bwd_s(const struct dev *d, const struct shape *s)
+{
+    double N = s->N, C = s->C, I = s->I, t = 0;
+    t += mm_bwd_s(d, N, I, C, false) + elem_s(d, ELEM_SWIGLU_BWD, N * I);
+    t += 2 * mm_bwd_s(d, N, C, I, false) + elem_s(d, ELEM_RMSNORM_BWD, N * C);
+    t += mm_bwd_s(d, N, s->qdim, C, false);
+    t += attn_bwd_s(d, s->B, s->T, s->Hq, s->D);
+    t += elem_s(d, ELEM_ROPE, N * s->qdim) + elem_s(d, ELEM_ROPE, N * s->kvdim);
+    if (s->qk)
+        t += elem_s(d, ELEM_RMSNORM_BWD, N * s->qdim) + elem_s(d, ELEM_RMSNORM_BWD, N * s->kvdim);
+    t += mm_bwd_s(d, N, C, s->qdim, s->bias) + 2 * mm_bwd_s(d, N, C, s->kvdim, s->bias);
+    t += elem_s(d, ELEM_RMSNORM_BWD, N * C);
+    return t;
+}
+
+/* Final norm, LM head in logits_rows chunks with the loss and its gradient, norm backward. */
+static double head_s(const struct dev *d, const struct shape *s, int logits_rows)
+{
+    double t = elem_s(d, ELEM_RMSNORM_FWD, s->N * s->C) + elem_s(d, ELEM_RMSNORM_BWD, s->N * s->C);
+    for (double r0 = 0; r0 < s->N; r0 += logits_rows) {
+        double n = fmin(logits_rows, s->N - r0);
+        t += mm_fwd_s(d, n, s->C, s->V, false) + elem_s(d, ELEM_XENT, n * s->V) + mm_bwd_s(d, n, s->C, s->V, false);
+    }
+    return t;
+}
+
+double model_layer_flops(const struct model_config *cfg, int B, int T)
+{
+    double N = (double)B * T, C = cfg->hidden_size, I = cfg->intermediate_size;
+    double q = (double)cfg->num_heads * cfg->head_dim, kv = (double)cfg->num_kv_heads * cfg->head_dim;
+    return 2 * N * (C * q + 2 * C * kv + q * C + 3 * C * I) + 4 * attn_pairs(B, T, cfg->num_heads) * cfg->head_dim;
+}
+
+double model_head_flops(const struct model_config *cfg, int64_t N)
+{
+    return 2.0 * (double)N * cfg->hidden_size * cfg->vocab_size;
+}
+
+/* ---- memory ---- */
+
+static int64_t al(int64_t bytes, int align)
+{
+    return (bytes + align - 1) / align * align;
+}
+
+/* The CUDA backend's allocations are rounded to 256 bytes; the CPU backend's are exact. */
+static int alloc_align(const struct job_config *job)
+{
+    return job->device == DEVICE_CPU ? 1 : 256;
+}
+
+int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act, int align)
+{
+    int64_t C = cfg->hidden_size, I = cfg->intermediate_size;
+    int64_t q = (int64_t)cfg->num_heads * cfg->head_dim, kv = (int64_t)cfg->num_kv_heads * cfg->head_dim;
+    int64_t t = al(N * C * act, align) + al(N * 4, align); /* ln1, rstd1 */
+    if (cfg->qk_norm)                                       /* q_raw, k_raw, q_rstd, k_rstd */
+        t += al(N * q * act, align) + al(N * kv * act, align) + al(N * cfg->num_heads * 4, align) +
+             al(N * cfg->num_kv_heads * 4, align);
+    t += 2 * al(N * q * act, align) + 2 * al(N * kv * act, align); /* q, att, k, v */
+    t += al(N * cfg->num_heads * 4, align);                        /* lse */
+    t += 2 * al(N * C * act, align) + al(N * 4, align);            /* h, ln2, rstd2 */
+    t += 3 * al(N * I * act, align);                               /* gate, up, sw */
+    return t;
+}
+
+static int64_t grad_buf_numel(const struct layout *lay)
+{
+    int64_t n = 0;
+    for (int c = 1; c < lay->num_chunks; c++)
+        n = lay->chunks[c].numel > n ? lay->chunks[c].numel : n;
+    return n;
+}
+
+void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred *out)
+{
+    const struct model_config *cfg = mc->cfg;
+    const struct job_config *job = mc->job;
+    bool cpu = job->device == DEVICE_CPU;
+    int act = cpu ? 4 : 2, wsize = cpu ? 4 : 2, a = alloc_align(job);
+    int L = cfg->num_layers;
+    int64_t N = (int64_t)job->micro_batch * job->seq_len, T = job->seq_len, C = cfg->hidden_size;
+    int64_t I = cfg->intermediate_size, V = cfg->vocab_size, D = cfg->head_dim;
+    int64_t q = (int64_t)cfg->num_heads * D, kv = (int64_t)cfg->num_kv_heads * D;
+    memset(out, 0, sizeof *out);
+    out->chunk_bufs = mc->plan->chunk_buffers * al(mc->lay->max_chunk_numel * wsize, a);
+    out->grad_bufs = al(mc->lay->chunks[0].numel * 4, a) + 2 * al(grad_buf_numel(mc->lay) * 4, a);
+    if (mc->plan->accumulate_on_device) /* one more buffer per chunk (the embedding's is reused) */
+        for (int c = 1; c < mc->lay->num_chunks; c++)
+            out->grad_bufs += al(mc->lay->chunks[c].numel * 4, a);
+    /* every layer's input stays on the device; offloading (what-if) keeps only the kept layers'
+     * and the final one, plus two staging buffers for the transfers */
+    int inputs = mc->offload ? kept + 3 : L + 1;
+    out->layer_inputs = inputs * al(N * C * act, a);
+    out->acts_per_layer = model_layer_act_bytes(cfg, N, act, a);
+    out->kept_acts = (int64_t)kept * out->acts_per_layer + (kept < L ? out->acts_per_layer : 0);
+    out->bwd_scratch = 3 * al(N * C * act, a) + al(N * 4, a) /* d_final, d_dres, d_dfinal, d_final_rstd */
+                       + 3 * al(N * I * act, a) + al(N * C * act, a) /* bw_ni0..2, bw_nc */
+                       + 2 * al(N * q * act, a) + 3 * al(N * kv * act, a); /* bw_q, bw_q2, bw_k, bw_v, bw_k2 */
+    out->logits = al((int64_t)mc->plan->logits_rows * V * act, a);
+    out->misc = 5 * al(N * 4, a) + 2 * al(T * (D / 2) * 4, a); /* tokens, targets, correct, row_scale, loss */
+    /* CPU: the attention backward's double scratch. CUDA: the cuBLASLt workspace (32 MiB), the
+     * conversion staging (16 MiB) and the op scratch, the larger of the attention backward's row
+     * sums and the rmsnorm weight-gradient partials (at most 2 x 132 SMs slices of C) */
+    int64_t op_scratch = N * cfg->num_heads * 4 > 264 * C * 4 ? N * cfg->num_heads * 4 : 264 * C * 4;
+    out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)48 << 20) + al(op_scratch, a);
+    out->total = out->chunk_bufs + out->grad_bufs + out->layer_inputs + out->kept_acts + out->bwd_scratch +
+                 out->logits + out->misc + out->workspace;
+}
+
+void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
+{
+    const struct layout *lay = mc->lay;
+    const struct plan *p = mc->plan;
+    int G = mc->job->gpus;
+    memset(out, 0, sizeof *out);
+    /* updating during the backward keeps the previous version of each chunk for a worker that
+     * redoes the step after a crash */
+    out->params16 = lay->total_numel * 2 * (p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1);
+    out->master = lay->total_numel * 16;
+    out->grads = (int64_t)G * p->grad_slots * lay->max_chunk_numel * 4;
+    out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
+               (int64_t)lay->num_chunks * ((int64_t)sizeof(struct chunk_desc) + 256) +
+               (int64_t)G * p->optim_procs * (int64_t)sizeof(struct ring) +
+               (int64_t)p->optim_procs * p->optim_threads * 112 * 1024 + ((int64_t)1 << 20);
+    out->workers = mc->job->device == DEVICE_CPU ? G * gpu_bytes : 0;
+    out->total = out->params16 + out->master + out->grads + out->ctl + out->workers;
+}
+
+/* ---- the pipeline, event by event ---- */
+
+struct centry {
+    int chunk; /* -1 empty */
+    int step;  /* the version held */
+    bool held;
+    uint64_t last_use;
+    double ready; /* its fill lands */
+};
+
+/* Simulated micro-steps per step; more are extrapolated from the last simulated one. */
+#define SIM_MICRO 4
+#define SIM_STEPS 3
+
+struct sim {
+    const struct model_case *mc;
+    bool cpu, tied, during, on_device;
+    int nc, hc, G, A, K, S;
+    double wake;
+    /* per chunk, seconds */
+    double *fwd, *bwd;             /* compute; the head chunk's forward holds the whole head pass */
+    double *fetch_fwd, *fetch_bwd; /* weights in during the forward / the backward */
+    double *bytes_fwd, *bytes_bwd; /* bytes those fills bring over the host link */
+    double *send;                  /* gradient out */
+    double *offload_out;           /* offloaded layer inputs out, during the forward */
+    double *reduce, *update;       /* optimizer: one rank's gradient; the AdamW update */
+    /* state */
+    struct centry *cache;
+    int ncache;
+    uint64_t clock;
+    int step;
+    bool backward;
+    double host, comp, h2d, d2h;
+    double poster;        /* the worker's poster thread has posted everything landed before this */
+    double *opt_free, *slot_free;
+    int next_slot;
+    /* when each device gradient buffer's last copy out has read it: the two alternating ones, or
+     * with on-device accumulation one per chunk (index c + 2) */
+    double *buf_free;
+    int next_buf;
+    double *version_at, *next_version, *reduced_at;
+    double h2d_busy, h2d_bytes;
+};
+
+static struct centry *cache_find(struct sim *s, int c)
+{
+    for (int i = 0; i < s->ncache; i++)
+        if (s->cache[i].chunk == c && s->cache[i].step == s->step)
+            return &s->cache[i];
+    return NULL;
+}
+
+static struct centry *cache_victim(struct sim *s)
+{
+    struct centry *best = NULL;
+    for (int i = 0; i < s->ncache; i++) {
+        struct centry *e = &s->cache[i];
+        if (e->held)
+            continue;
+        if (e->chunk < 0)
+            return e;
+        if (!best || e->last_use < best->last_use)
+            best = e;
+    }
+    return best;
+}
+
+/* The worker sleeps on a futex until t. */
+static void wait_until(struct sim *s, double t)
+{
+    if (t > s->host)
+        s->host = t + s->wake;
+}
+
+static void fill(struct sim *s, struct centry *e, int c)
+{
+    double dur = s->backward ? s->fetch_bwd[c] : s->fetch_fwd[c];
+    s->h2d_bytes += s->backward ? s->bytes_bwd[c] : s->bytes_fwd[c];
+    e->chunk = c;
+    e->step = s->step;
+    if (s->cpu) /* a synchronous conversion on the worker's thread */
+        s->host = s->comp = e->ready = fmax(s->host, s->comp) + dur;
+    else /* the copy engine, after all compute queued so far (it may read the buffer) */
+        s->h2d = e->ready = fmax(fmax(s->host, s->h2d), s->comp) + dur;
+    s->h2d_busy += dur;
+}
+
+/* worker/pipeline.c io_weights: hit, or wait for the version and fill a victim; then prefetch
+ * next when its version is out and a buffer is free. */
+static struct centry *weights(struct sim *s, int c, int next)
+{
+    struct centry *e = cache_find(s, c);
+    if (!e) {
+        wait_until(s, s->version_at[c]);
+        e = cache_victim(s);
+        SD_ASSERT(e);
+        fill(s, e, c);
+    }
+    e->held = true;
+    e->last_use = ++s->clock;
+    if (next >= 0 && !cache_find(s, next) && s->version_at[next] <= s->host) {
+        struct centry *v = cache_victim(s);
+        if (v)
+            fill(s, v, next);
+    }
+    return e;
+}
+
+static void release(struct sim *s, int c)
+{
+    for (int i = 0; i < s->ncache; i++)
+        if (s->cache[i].chunk == c)
+            s->cache[i].held = false;
+}
+
+/* Compute on the weights in e1 (and e2), queued after `after` (a gradient buffer's last copy). */
+static void compute(struct sim *s, struct centry *e1, struct centry *e2, double after, double dur)
+{
+    double t = fmax(fmax(s->comp, s->host), after);
+    if (e1)
+        t = fmax(t, e1->ready);
+    if (e2)
+        t = fmax(t, e2->ready);
+    s->comp = t + dur;
+    if (s->cpu)
+        s->host = s->comp;
+}
+
+/* The gradient buffer chunk c's backward writes into (worker/model.c chunk_grad): the next of
+ * the two alternating ones (0, 1), or the chunk's own with on-device accumulation (c + 2; the
+ * embedding's is always 2); -1 when it keeps accumulating (no zeroing, no wait). Zeroing a buffer
+ * waits for its last copy out. */
+static int take_buf(struct sim *s, int c, bool first_micro)
+{
+    if (s->on_device)
+        return first_micro ? c + 2 : -1;
+    int b = s->next_buf;
+    s->next_buf ^= 1;
+    return b;
+}
+
+static double buf_ready(const struct sim *s, int b)
+{
+    return b >= 0 ? s->buf_free[b] : 0;
+}
+
+/* worker/pipeline.c io_grads_done and its poster thread: the worker waits for a free slot and
+ * queues the copy behind the compute; the poster posts the descriptor once the copy has landed;
+ * the owner adds the G ranks' gradients in rank order and frees the slots (we follow the last
+ * rank, whose slot frees last). With on-device accumulation only the last micro-step sends. */
+static void grads_done(struct sim *s, int c, int buf, bool last_micro)
+{
+    if (s->on_device && !last_micro)
+        return;
+    int si = s->next_slot;
+    s->next_slot = (si + 1) % s->S;
+    wait_until(s, s->slot_free[si]);
+    double landed;
+    if (s->cpu) { /* a synchronous copy on the worker's thread */
+        landed = s->host = s->comp = fmax(s->host, s->comp) + s->send[c];
+    } else {
+        landed = s->d2h = fmax(fmax(s->host, s->comp), s->d2h) + s->send[c];
+    }
+    s->buf_free[s->on_device ? c + 2 : buf] = landed;
+    s->poster = fmax(s->poster, landed + s->wake);
+    int k = s->mc->owner[c];
+    for (int r = 0; r < s->G; r++) {
+        double start = s->opt_free[k] >= s->poster ? s->opt_free[k] : s->poster + s->wake;
+        s->opt_free[k] = start + s->reduce[c];
+    }
+    s->slot_free[si] = s->opt_free[k];
+    if (!last_micro)
+        return;
+    s->reduced_at[c] = s->opt_free[k];
+    if (s->during) {
+        s->opt_free[k] += s->update[c];
+        s->next_version[c] = s->opt_free[k];
+    }
+}
+
+/* One micro-step in worker/model.c model_train_micro's order of weights/release/grads_done. */
+static void micro_step(struct sim *s, bool first_micro, bool last_micro)
+{
+    int hc = s->hc;
+    s->backward = false;
+    struct centry *e = weights(s, 0, 1 < hc ? 1 : hc);
+    /* the embedding's gradient buffer (index 2) is zeroed after its last copy out */
+    compute(s, e, NULL, first_micro || !s->on_device ? s->buf_free[2] : 0, s->fwd[0]);
+    if (!s->tied)
+        release(s, 0);
+    for (int c = 1; c < hc; c++) {
+        e = weights(s, c, c + 1);
+        compute(s, e, NULL, 0, s->fwd[c]);
+        if (s->offload_out[c] > 0) /* the inputs go out on the D2H engine behind the compute */
+            s->d2h = fmax(s->d2h, s->comp) + s->offload_out[c];
+        release(s, c);
+    }
+    e = weights(s, hc, hc - 1);
+    struct centry *e0 = s->tied ? weights(s, 0, -1) : NULL;
+    int b = take_buf(s, hc, first_micro);
+    compute(s, e, e0, buf_ready(s, b), s->fwd[hc]);
+    if (s->tied)
+        release(s, 0);
+    s->host = fmax(s->host, s->comp); /* the loss rows come back synchronously */
+    s->backward = true;
+    grads_done(s, hc, b, last_micro);
+    release(s, hc);
+    for (int c = hc - 1; c >= 1; c--) {
+        e = weights(s, c, c > 1 ? c - 1 : -1);
+        b = take_buf(s, c, first_micro);
+        compute(s, e, NULL, buf_ready(s, b), s->bwd[c]);
+        release(s, c);
+        grads_done(s, c, b, last_micro);
+    }
+    compute(s, NULL, NULL, 0, s->bwd[0]);
+    grads_done(s, 0, 2, last_micro);
+}
+
+/* After the backward: the global norm once every chunk is reduced, then each optimizer updates
+ * its chunks in ascending order. Returns the commit time (every chunk at the new version). */
+static double finish_step(struct sim *s)
+{
+    if (!s->during) {
+        double norm = 0;
+        for (int c = 0; c < s->nc; c++)
+            norm = fmax(norm, s->reduced_at[c]);
+        norm += s->wake;
+        for (int k = 0; k < s->K; k++) {
+            double t = fmax(s->opt_free[k], norm);
+            for (int c = 0; c < s->nc; c++)
+                if (s->mc->owner[c] == k) {
+                    t += s->update[c];
+                    s->next_version[c] = t;
+                }
+            s->opt_free[k] = t;
+        }
+    }
+    double commit = 0;
+    for (int c = 0; c < s->nc; c++) {
+        commit = fmax(commit, s->next_version[c]);
+        s->version_at[c] = s->next_version[c];
+    }
+    return commit;
+}
+
+/* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
+struct rates {
+    double host_bw; /* host memory traffic, bytes/s (a copy moves each byte twice) */
+    double h2d_fwd, h2d_bwd, d2h;
+    double reduce_bw; /* per optimizer process, bytes of traffic/s */
+    double adamw;     /* per optimizer process, params/s */
+};
+
+static struct rates rates_of(const struct model_case *mc)
+{
+    const struct calib *cal = mc->cal;
+    const struct plan *p = mc->plan;
+    int G = mc->job->gpus;
+    struct rates r;
+    r.host_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, cal->host.ncpu);
+    bool bwd_fetch = p->chunk_buffers < mc->lay->num_chunks;
+    r.h2d_fwd = fmin(cal->gpu.h2d_bw, r.host_bw / G);
+    r.h2d_bwd = fmin(cal->gpu.bidir_bw, r.host_bw / (2 * G));
+    r.d2h = bwd_fetch ? r.h2d_bwd : fmin(cal->gpu.d2h_bw, r.host_bw / G);
+    /* the workers' threads hold a core each; the optimizer processes share the rest */
+    int cores = mc->host_cpus - G > 1 ? mc->host_cpus - G : 1;
+    int threads = p->optim_procs * p->optim_threads < cores ? p->optim_procs * p->optim_threads : cores;
+    r.reduce_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, threads) / p->optim_procs;
+    r.adamw = calib_curve_at(&cal->host.adamw_rate, threads) / p->optim_procs;
+    return r;
+}
+
+/* Bytes of host memory an optimizer touches: adding one rank's fp32 gradient into the
+ * accumulator (read both, write one), AdamW (read master, m, v, grad; write them and bf16), and
+ * when updating during the backward, the copy of the previous bf16 version. */
+#define REDUCE_BYTES 12.0
+#define UPDATE_BYTES 30.0
+#define PREV_COPY_BYTES 4.0
+
+void model_step(const struct model_case *mc, struct step_pred *out)
+{
+    const struct job_config *job = mc->job;
+    const struct layout *lay = mc->lay;
+    const struct plan *p = mc->plan;
+    const struct calib *cal = mc->cal;
+    memset(out, 0, sizeof *out);
+    struct dev d = {job->device == DEVICE_CPU, &cal->host.cpu, &cal->gpu};
+    struct shape sh = shape_of(mc);
+    struct rates rt = rates_of(mc);
+    int nc = lay->num_chunks, G = job->gpus, A = job->grad_accum;
+    /* gradients sent per step: every micro-step's, or once with on-device accumulation */
+    int sends = p->accumulate_on_device ? 1 : A;
+    bool sharded = p->param_route == PARAMS_SHARDED && G > 1, gpu_grads = p->grad_route == GRADS_GPU && G > 1;
+
+    struct sim s = {
+        .mc = mc,
+        .cpu = d.cpu,
+        .tied = mc->cfg->tie_word_embeddings,
+        .during = p->update_mode == UPDATE_DURING_BACKWARD,
+        .on_device = p->accumulate_on_device,
+        .nc = nc,
+        .hc = nc - 1,
+        .G = G,
+        .A = A < SIM_MICRO ? A : SIM_MICRO,
+        .K = p->optim_procs,
+        .S = p->grad_slots,
+        .wake = cal->host.wake_s,
+        .ncache = p->chunk_buffers,
+    };
+    enum { PER_CHUNK = 13 };
+    double *arrays = calloc((size_t)nc * PER_CHUNK + (size_t)s.K + (size_t)s.S + (size_t)nc + 2, sizeof(double));
+    s.cache = calloc((size_t)s.ncache, sizeof *s.cache);
+    SD_ASSERT(arrays && s.cache);
+    double **per_chunk[PER_CHUNK] = {&s.fwd,         &s.bwd,    &s.fetch_fwd,  &s.fetch_bwd,     &s.bytes_fwd,
+                                     &s.bytes_bwd,   &s.send,   &s.offload_out, &s.reduce,       &s.update,
+                                     &s.version_at,  &s.next_version, &s.reduced_at};
+    for (int i = 0; i < PER_CHUNK; i++)
+        *per_chunk[i] = arrays + (size_t)i * nc;
+    s.opt_free = arrays + (size_t)nc * PER_CHUNK;
+    s.slot_free = s.opt_free + s.K;
+    s.buf_free = s.slot_free + s.S;
+    for (int i = 0; i < s.ncache; i++)
+        s.cache[i].chunk = -1;
+
+    /* per-chunk costs */
+    double lf = layer_fwd_s(&d, &sh), lb = layer_bwd_s(&d, &sh), act_bytes = sh.N * sh.C * 2;
+    double flops_layer = model_layer_flops(mc->cfg, sh.B, sh.T);
+    double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq) * sh.D;
+    int64_t gbuf = grad_buf_numel(lay);
+    for (int c = 0; c < nc; c++) {
+        const struct chunk_desc *ch = &lay->chunks[c];
+        double wbytes = (double)ch->numel * 2, gbytes = (double)ch->numel * 4;
+        if (d.cpu) { /* the worker converts params16 and copies its gradient into the slot itself */
+            s.fetch_fwd[c] = s.fetch_bwd[c] = elem_s(&d, ELEM_CONVERT, (double)ch->numel);
+            s.bytes_fwd[c] = s.bytes_bwd[c] = wbytes;
+            s.send[c] = elem_s(&d, ELEM_COPY, (double)ch->numel);
+            out->d2h_bytes += sends * gbytes;
+        } else {
+            /* sharded: 1/G from the host while the rest comes from the peers */
+            double host_part = sharded ? wbytes / G : wbytes, peer = sharded ? wbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
+            s.fetch_fwd[c] = fmax(host_part / rt.h2d_fwd, peer);
+            s.fetch_bwd[c] = fmax(host_part / rt.h2d_bwd, peer);
+            s.bytes_fwd[c] = s.bytes_bwd[c] = host_part;
+            /* GPU-side reduction: a reduce-scatter over the peers, then 1/G to the host */
+            s.send[c] = gpu_grads ? gbytes * (G - 1) / G / cal->gpu.p2p_bw + gbytes / G / rt.d2h : gbytes / rt.d2h;
+            out->d2h_bytes += sends * (gpu_grads ? gbytes / G : gbytes);
+            out->p2p_bytes += sends * (gpu_grads ? gbytes * (G - 1) / G : 0);
+        }
+        /* with GPU-side reduction each rank's descriptor carries the rank-summed 1/G of the chunk */
+        s.reduce[c] = (double)ch->numel * REDUCE_BYTES / rt.reduce_bw / (gpu_grads ? G : 1);
+        s.update[c] = (double)ch->numel / rt.adamw + (s.during ? (double)ch->numel * PREV_COPY_BYTES / rt.reduce_bw : 0);
+        if (ch->kind == CHUNK_EMBED) {
+            s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + elem_s(&d, ELEM_EMBED_FWD, sh.N * sh.C);
+            s.bwd[c] = elem_s(&d, ELEM_EMBED_BWD, sh.N * sh.C);
+        } else if (ch->kind == CHUNK_HEAD) {
+            s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)gbuf) + head_s(&d, &sh, p->logits_rows);
+        } else {
+            int recompute = 0;
+            for (int l = ch->first_layer; l < ch->first_layer + ch->num_layers; l++)
+                recompute += !p->keep_acts[l];
+            s.fwd[c] = ch->num_layers * lf;
+            s.bwd[c] = elem_s(&d, ELEM_ZERO, (double)gbuf) + ch->num_layers * lb + recompute * lf;
+            out->recompute_s += A * recompute * lf;
+            out->flops += A * (ch->num_layers * (3 * flops_layer + 1.5 * attn_flops) + recompute * flops_layer);
+            if (mc->offload && !d.cpu && recompute > 0) { /* inputs out in the forward, back in the backward */
+                s.offload_out[c] = recompute * act_bytes / rt.d2h;
+                s.fetch_bwd[c] += recompute * act_bytes / rt.h2d_bwd;
+                s.bytes_bwd[c] += recompute * act_bytes;
+                out->d2h_bytes += A * recompute * act_bytes;
+                out->d2h_s += A * s.offload_out[c];
+            }
+        }
+        out->compute_s += A * (s.fwd[c] + s.bwd[c]);
+        out->d2h_s += sends * s.send[c];
+    }
+    out->flops += A * 3 * model_head_flops(mc->cfg, (int64_t)sh.N);
+
+    /* a few steps of the pipeline; the last one is the steady state */
+    double commit[SIM_STEPS], micro_end[SIM_MICRO], h2d_s[SIM_MICRO], h2d_b[SIM_MICRO];
+    for (int step = 0; step < SIM_STEPS; step++) {
+        s.step = step + 1;
+        for (int a = 0; a < s.A; a++) {
+            double busy0 = s.h2d_busy, bytes0 = s.h2d_bytes;
+            micro_step(&s, a == 0, a == s.A - 1);
+            micro_end[a] = s.host;
+            h2d_s[a] = s.h2d_busy - busy0;
+            h2d_b[a] = s.h2d_bytes - bytes0;
+        }
+        commit[step] = finish_step(&s);
+    }
+    double period = commit[SIM_STEPS - 1] - commit[SIM_STEPS - 2];
+    for (int a = 0; a < s.A; a++) {
+        out->h2d_s += h2d_s[a];
+        out->h2d_bytes += h2d_b[a];
+    }
+    if (A > s.A) { /* the micro-steps beyond the simulated ones cost what the last one did */
+        double marginal = s.A >= 2 ? micro_end[s.A - 1] - micro_end[s.A - 2] : micro_end[0] - commit[SIM_STEPS - 2];
+        period += (A - s.A) * marginal;
+        out->h2d_s += (A - s.A) * h2d_s[s.A - 1];
+        out->h2d_bytes += (A - s.A) * h2d_b[s.A - 1];
+    }
+    if (sharded)
+        out->p2p_bytes += out->h2d_bytes * (G - 1);
+    out->p2p_s = out->p2p_bytes / cal->gpu.p2p_bw;
+
+    /* optimizer: the busiest process's work per step */
+    double *load = calloc((size_t)s.K, sizeof(double));
+    SD_ASSERT(load);
+    for (int c = 0; c < nc; c++)
+        load[mc->owner[c]] += G * sends * s.reduce[c] + s.update[c];
+    for (int k = 0; k < s.K; k++)
+        out->optim_s = fmax(out->optim_s, load[k]);
+    free(load);
+    double numel = (double)lay->total_numel;
+    out->optim_bytes = G * sends * numel * REDUCE_BYTES / (gpu_grads ? G : 1) + numel * UPDATE_BYTES +
+                       (s.during ? numel * PREV_COPY_BYTES : 0);
+    out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes) / rt.host_bw;
+
+    out->step_s = fmax(period, out->host_mem_s);
+    double terms[] = {[BOTTLENECK_COMPUTE] = out->compute_s, [BOTTLENECK_H2D] = out->h2d_s,
+                      [BOTTLENECK_D2H] = out->d2h_s,         [BOTTLENECK_P2P] = out->p2p_s,
+                      [BOTTLENECK_OPTIM] = out->optim_s,     [BOTTLENECK_HOST_MEM] = out->host_mem_s};
+    out->bottleneck = BOTTLENECK_COMPUTE;
+    for (int i = 1; i < (int)(sizeof terms / sizeof terms[0]); i++)
+        if (terms[i] > terms[out->bottleneck])
+            out->bottleneck = i;
+    out->exposed_s = fmax(0, out->step_s - terms[out->bottleneck]);
+    free(arrays);
+    free(s.cache);
+}

@@ -1,0 +1,90 @@
+/* The step-time and memory model of one candidate plan: what a step costs each stream (device
+ * compute, host->device weights, device->host gradients, the CPU optimizers, host memory
+ * bandwidth), the step time the pipeline gives when they overlap, and the device and host memory
+ * the plan needs. It mirrors worker/model.c (ops, allocations, gradient buffers), worker/pipeline.c
+ * (chunk cache, gradient slots, the poster thread) and optimizer/optim.c (reduce, norm, update).
+ * Used by the plan search. */
+#ifndef SD_PLANNER_MODEL_H
+#define SD_PLANNER_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/job.h"
+#include "common/layout.h"
+#include "common/model_config.h"
+#include "common/plan.h"
+#include "planner/calib.h"
+
+/* One candidate: the job, the model, the layout built for plan->layers_per_chunk, the plan and
+ * the optimizer process owning each chunk (plan_assign_owners). */
+struct model_case {
+    const struct job_config *job;
+    const struct model_config *cfg;
+    const struct layout *lay;
+    const struct plan *plan;
+    const int *owner;
+    const struct calib *cal;
+    int host_cpus;
+    bool offload; /* recomputed layers keep their input in host memory (not implemented; what-if) */
+};
+
+/* Predicted seconds per optimizer step, per rank. */
+struct step_pred {
+    double step_s;
+    double compute_s;   /* device compute, recompute included */
+    double recompute_s; /* the forward again for recomputed layers */
+    double h2d_s;       /* weights in (and offloaded activations) at the link rate */
+    double d2h_s;       /* gradients out (and offloaded activations) */
+    double p2p_s;       /* peer copies of the sharded params / GPU-side gradient routes */
+    double optim_s;     /* the busiest optimizer process: reduce + update */
+    double host_mem_s;  /* the step's host memory traffic over the host's bandwidth */
+    double exposed_s;   /* step_s beyond the busiest stream: fill, drain, dependency waits */
+    int bottleneck;     /* enum plan_bottleneck */
+    double flops;       /* device FLOPs (GEMMs and attention) per rank per step */
+    double h2d_bytes, d2h_bytes, p2p_bytes; /* per rank per step */
+    double optim_bytes; /* host bytes all optimizer processes touch per step */
+};
+
+/* Device memory per rank, bytes, as worker/pipeline.c and worker/model.c allocate it. */
+struct gpu_mem_pred {
+    int64_t chunk_bufs;    /* chunk_buffers x largest chunk x weight dtype */
+    int64_t grad_bufs;     /* fp32: the embedding chunk's and two for the others, plus one per
+                            * chunk when the micro-steps accumulate on the device */
+    int64_t layer_inputs;  /* the residual stream entering each layer (the recompute checkpoints) */
+    int64_t acts_per_layer;/* one kept layer's activations */
+    int64_t kept_acts;     /* kept layers x acts_per_layer, plus one scratch set when any layer recomputes */
+    int64_t bwd_scratch;   /* backward scratch, final norm, residual gradients */
+    int64_t logits;        /* one cross-entropy chunk (logits_rows x V) */
+    int64_t misc;          /* tokens, targets, row scales, RoPE tables */
+    int64_t workspace;     /* backend workspace (assumed on CUDA) */
+    int64_t total;
+};
+
+/* Host memory, bytes: the shared state slidedp-launch creates (plus, on the CPU backend, the
+ * workers' "device" memory). */
+struct host_mem_pred {
+    int64_t params16;  /* bf16 compute copy (two copies when updating during the backward) */
+    int64_t master;    /* fp32 master, m, v and the gradient accumulator: 16 B/param */
+    int64_t grads;     /* gradient slots: ranks x slots x largest chunk x 4 B */
+    int64_t ctl;       /* tables, rings, step records, optimizer staging */
+    int64_t workers;   /* CPU backend: every worker's device memory */
+    int64_t total;
+};
+
+/* Forward FLOPs of one decoder layer for N = B*T tokens (GEMMs and causal attention). */
+double model_layer_flops(const struct model_config *cfg, int B, int T);
+/* Forward FLOPs of the LM head for N tokens. */
+double model_head_flops(const struct model_config *cfg, int64_t N);
+
+/* Bytes of one kept layer's activations (worker/model.c acts_alloc). */
+int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act_size, int align);
+
+/* Device memory for the case with `kept` layers keeping their activations. */
+void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred *out);
+void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct host_mem_pred *out);
+
+/* Step time of the case (plan->keep_acts decides the recomputed layers). */
+void model_step(const struct model_case *mc, struct step_pred *out);
+
+#endif
