@@ -1,11 +1,17 @@
-/* Plan selection (see plan.h). */
+/* Plan search (see plan.h): candidates over chunk size, buffer depth, update mode, optimizer
+ * processes and gradient slots, each with as many layers keeping their activations as the memory
+ * budget allows, priced by the step-time model; the fastest that fits wins. */
 #include "plan.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
+#include "shm/ctl.h"
 #include "shm/ring.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
 
 static int imin(int a, int b)
 {
@@ -17,55 +23,502 @@ static int imax(int a, int b)
     return a > b ? a : b;
 }
 
-int plan_make(const struct job_config *job, const struct model_config *cfg, int host_cpus, struct plan *plan)
+struct search {
+    const struct job_config *job;
+    const struct model_config *cfg;
+    const struct calib *cal;
+    int host_cpus;
+    int64_t budget;    /* device bytes per rank; INT64_MAX: bounded by host memory only */
+    int64_t host_avail;
+    bool enforce_host;
+    bool offload;      /* price the what-if of offloaded layer inputs */
+    /* the best feasible candidate */
+    bool found;
+    struct plan best;
+    struct step_pred best_pred;
+    struct gpu_mem_pred best_gpu;
+    struct host_mem_pred best_host;
+    int best_kept;
+    /* the smallest device memory any candidate needs, and that candidate */
+    int64_t min_need;
+    struct plan min_plan;
+    int evaluated;
+};
+
+/* A built layout and its owner table for one layers_per_chunk and optimizer process count. */
+struct cand_layout {
+    struct layout lay;
+    int *owner;
+};
+
+static int cand_layout_build(const struct model_config *cfg, int lpc, struct cand_layout *cl)
+{
+    memset(cl, 0, sizeof *cl);
+    if (layout_build(cfg, lpc, &cl->lay) != 0)
+        return -1;
+    cl->owner = malloc(sizeof(int) * (size_t)cl->lay.num_chunks);
+    if (!cl->owner) {
+        layout_free(&cl->lay);
+        return sd_err("out of memory");
+    }
+    return 0;
+}
+
+static void cand_layout_free(struct cand_layout *cl)
+{
+    layout_free(&cl->lay);
+    free(cl->owner);
+}
+
+/* Most layers that can keep their activations within the budget (-1: none fit even recomputing
+ * every layer). The layers' order does not matter to the model: every layer costs the same. */
+static int max_kept(const struct search *S, struct model_case *mc, int forced_kept)
+{
+    int L = S->cfg->num_layers;
+    struct gpu_mem_pred g;
+    model_gpu_memory(mc, 0, &g);
+    int64_t base = g.total - g.kept_acts, per = g.acts_per_layer;
+    int64_t limit = S->budget;
+    if (forced_kept >= 0)
+        return base + (int64_t)forced_kept * per + (forced_kept < L ? per : 0) <= limit ? forced_kept : -1;
+    if (base + (int64_t)L * per <= limit)
+        return L;
+    if (base + per > limit)
+        return -1;
+    int64_t k = (limit - base - per) / per;
+    return k >= L ? L - 1 : (int)k;
+}
+
+static int forced_kept(const struct job_config *job, int L)
+{
+    return job->act_policy == ACT_KEEP ? L : job->act_policy == ACT_AUTO ? -1 : 0;
+}
+
+struct priced {
+    int kept;
+    struct step_pred pred;
+    struct gpu_mem_pred gpu;
+    struct host_mem_pred host;
+};
+
+/* Prices plan p (its keep_acts set here) on layout cl; false when it does not fit. */
+static bool price(struct search *S, struct plan *p, struct cand_layout *cl, bool offload, struct priced *out)
+{
+    const struct model_config *cfg = S->cfg;
+    int L = cfg->num_layers;
+    plan_assign_owners(&cl->lay, p->optim_procs, cl->owner);
+    struct model_case mc = {.job = S->job, .cfg = cfg, .lay = &cl->lay, .plan = p, .owner = cl->owner,
+                            .cal = S->cal, .host_cpus = S->host_cpus, .offload = offload};
+    int fk = forced_kept(S->job, L);
+    struct gpu_mem_pred least;
+    model_gpu_memory(&mc, fk >= 0 ? fk : 0, &least);
+    if (least.total < S->min_need) {
+        S->min_need = least.total;
+        S->min_plan = *p;
+        memset(S->min_plan.keep_acts, fk > 0 ? 1 : 0, sizeof S->min_plan.keep_acts);
+    }
+    int kept = max_kept(S, &mc, fk);
+    if (kept < 0)
+        return false;
+    for (int l = 0; l < L; l++)
+        p->keep_acts[l] = l < kept;
+    out->kept = kept;
+    model_gpu_memory(&mc, kept, &out->gpu);
+    model_host_memory(&mc, out->gpu.total, &out->host);
+    if (S->enforce_host && S->host_avail > 0 && out->host.total > S->host_avail)
+        return false;
+    model_step(&mc, &out->pred);
+    S->evaluated++;
+    return true;
+}
+
+/* Keeps p when it is faster than the best so far by more than noise; between plans as fast, the
+ * one that streams fewer weights over the host link (it leaves host bandwidth to the rest), then
+ * the smaller. */
+static void consider(struct search *S, struct plan *p, struct cand_layout *cl)
+{
+    struct priced pr;
+    if (!price(S, p, cl, S->offload, &pr))
+        return;
+    double t = pr.pred.step_s, tb = S->best_pred.step_s;
+    double in = pr.pred.h2d_bytes, in_b = S->best_pred.h2d_bytes;
+    bool tie = t <= tb * 1.002 && t >= tb * 0.998;
+    bool better = !S->found || t < tb * 0.998 ||
+                  (tie && (in < in_b || (in == in_b && pr.gpu.total < S->best_gpu.total)));
+    if (!better)
+        return;
+    S->found = true;
+    S->best = *p;
+    S->best_pred = pr.pred;
+    S->best_gpu = pr.gpu;
+    S->best_host = pr.host;
+    S->best_kept = pr.kept;
+}
+
+/* ---- candidate lists ---- */
+
+#define MAX_CANDS 64
+#define OPTIM_MAX_THREADS 32 /* [runtime] optim_threads accepts 1..32 */
+
+static int lpc_candidates(const struct job_config *job, int L, int *out)
+{
+    if (job->layers_per_chunk > 0) {
+        out[0] = imin(job->layers_per_chunk, L);
+        return 1;
+    }
+    int n = 0;
+    for (int v = 1; v <= L && n < MAX_CANDS; v++) {
+        /* every size up to 8, divisors of L (no short last chunk), and a geometric ladder */
+        bool ladder = false;
+        for (int g = 8; g <= v; g = g * 3 / 2)
+            ladder |= g == v;
+        if (v <= 8 || L % v == 0 || ladder)
+            out[n++] = v;
+    }
+    return n;
+}
+
+static int buffer_candidates(const struct job_config *job, int nc, int *out)
+{
+    if (job->chunk_buffers > 0) {
+        out[0] = imax(imin(job->chunk_buffers, nc), imin(3, nc));
+        return 1;
+    }
+    static const int ladder[] = {3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768};
+    int n = 0;
+    for (size_t i = 0; i < sizeof ladder / sizeof ladder[0] && ladder[i] < nc; i++)
+        out[n++] = ladder[i];
+    out[n++] = nc; /* every chunk resident: weights cross once per step */
+    return n;
+}
+
+/* A ladder 1, 2, 3, 4, 6, 9, ... up to most (included). */
+static int ladder_to(int most, int *out)
+{
+    int n = 0;
+    for (int k = 1; k <= most && n < MAX_CANDS - 1; k = k < 4 ? k + 1 : k * 3 / 2)
+        out[n++] = k;
+    if (out[n - 1] != most)
+        out[n++] = most;
+    return n;
+}
+
+/* Optimizer processes x threads per process (pairs), within the cores the workers leave. */
+static int optim_candidates(const struct job_config *job, int nc, int host_cpus, int *procs, int *threads)
+{
+    int cores = imax(1, host_cpus - job->gpus), kp[MAX_CANDS], tp[MAX_CANDS], n = 0;
+    int nk = job->optim_procs > 0 ? (kp[0] = job->optim_procs, 1) : ladder_to(imin(imin(nc, CTL_MAX_OPTIM), cores), kp);
+    for (int i = 0; i < nk; i++) {
+        int nt = job->optim_threads > 0 ? (tp[0] = job->optim_threads, 1)
+                                        : ladder_to(imax(1, imin(OPTIM_MAX_THREADS, cores / kp[i])), tp);
+        for (int j = 0; j < nt && n < MAX_CANDS * MAX_CANDS; j++) {
+            procs[n] = kp[i];
+            threads[n++] = tp[j];
+        }
+    }
+    return n;
+}
+
+static int slot_candidates(const struct job_config *job, int *out)
+{
+    if (job->grad_slots > 0) {
+        out[0] = job->grad_slots;
+        return 1;
+    }
+    static const int slots[] = {2, 4, 8, 16};
+    memcpy(out, slots, sizeof slots);
+    return 4;
+}
+
+/* Micro-steps summing their gradients on the device: forced, or tried on CUDA when there are
+ * several (worker/model.c supports it on either backend; the CPU backend gains little). */
+static int accumulate_candidates(const struct job_config *job, int *out)
+{
+    if (job->accumulate_on_device >= 0) {
+        out[0] = job->accumulate_on_device;
+        return 1;
+    }
+    out[0] = 0;
+    if (job->device != DEVICE_CUDA || job->grad_accum < 2)
+        return 1;
+    out[1] = 1;
+    return 2;
+}
+
+static int mode_candidates(const struct job_config *job, int *out)
+{
+    if (job->update_mode != UPDATE_AUTO) {
+        out[0] = job->update_mode;
+        return 1;
+    }
+    out[0] = UPDATE_AFTER_BACKWARD;
+    if (job->grad_clip > 0) /* clipping needs the global norm before any update */
+        return 1;
+    out[1] = UPDATE_DURING_BACKWARD;
+    return 2;
+}
+
+/* Chunk sizes x buffer depths x update modes x gradient accumulation with the given optimizer
+ * processes, threads and slots. */
+static int search_shapes(struct search *S, const struct plan *tmpl)
+{
+    int lpcs[MAX_CANDS], bufs[MAX_CANDS], modes[2], accs[2];
+    int nl = lpc_candidates(S->job, S->cfg->num_layers, lpcs), nm = mode_candidates(S->job, modes);
+    int na = accumulate_candidates(S->job, accs);
+    for (int i = 0; i < nl; i++) {
+        struct cand_layout cl;
+        if (cand_layout_build(S->cfg, lpcs[i], &cl) != 0)
+            return -1;
+        int nc = cl.lay.num_chunks, nb = buffer_candidates(S->job, nc, bufs);
+        for (int b = 0; b < nb; b++)
+            for (int m = 0; m < nm; m++)
+                for (int acc = 0; acc < na; acc++) {
+                    struct plan p = *tmpl;
+                    p.layers_per_chunk = lpcs[i];
+                    p.chunk_buffers = bufs[b];
+                    p.update_mode = modes[m];
+                    p.accumulate_on_device = accs[acc];
+                    p.optim_procs = imin(p.optim_procs, nc);
+                    consider(S, &p, &cl);
+                }
+        cand_layout_free(&cl);
+    }
+    return 0;
+}
+
+/* Optimizer processes and threads x gradient slots around the best shape. */
+static int search_optim(struct search *S)
+{
+    struct plan tmpl = S->best;
+    struct cand_layout cl;
+    if (cand_layout_build(S->cfg, tmpl.layers_per_chunk, &cl) != 0)
+        return -1;
+    static int procs[MAX_CANDS * MAX_CANDS], threads[MAX_CANDS * MAX_CANDS];
+    int slots[MAX_CANDS];
+    int np = optim_candidates(S->job, cl.lay.num_chunks, S->host_cpus, procs, threads);
+    int ns = slot_candidates(S->job, slots);
+    for (int k = 0; k < np; k++)
+        for (int s = 0; s < ns; s++) {
+            struct plan p = tmpl;
+            p.optim_procs = procs[k];
+            p.optim_threads = threads[k];
+            p.grad_slots = slots[s];
+            consider(S, &p, &cl);
+        }
+    cand_layout_free(&cl);
+    return 0;
+}
+
+static void fmt_gib(char *buf, size_t len, int64_t bytes)
+{
+    snprintf(buf, len, "%.2f GiB", (double)bytes / GIB);
+}
+
+/* Names the forced job.ini choices that bound the memory, for the "nothing fits" error. */
+static void forced_note(const struct job_config *job, char *buf, size_t len)
+{
+    const char *keys[3] = {job->layers_per_chunk > 0 ? "layers_per_chunk" : NULL,
+                           job->chunk_buffers > 0 ? "chunk_buffers" : NULL,
+                           job->act_policy == ACT_KEEP ? "activations = keep" : NULL};
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < 3; i++)
+        if (keys[i] && n < len)
+            n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? ", " : "; forced in job.ini: ", keys[i]);
+}
+
+static int search_all(struct search *S, const struct plan *tmpl)
+{
+    if (search_shapes(S, tmpl) != 0)
+        return -1;
+    if (!S->found)
+        return 0;
+    if (search_optim(S) != 0)
+        return -1;
+    struct plan again = *tmpl;
+    again.optim_procs = S->best.optim_procs;
+    again.optim_threads = S->best.optim_threads;
+    again.grad_slots = S->best.grad_slots;
+    return search_shapes(S, &again);
+}
+
+/* The chosen plan again with a route or policy the workers do not have yet. */
+static void add_whatif(struct search *S, struct plan_info *info, const char *what, int param_route, int grad_route,
+                       bool offload)
+{
+    struct plan p = S->best;
+    p.param_route = param_route;
+    p.grad_route = grad_route;
+    struct cand_layout cl;
+    if (info->num_whatifs >= PLAN_MAX_WHATIF || cand_layout_build(S->cfg, p.layers_per_chunk, &cl) != 0)
+        return;
+    struct priced pr;
+    struct plan_whatif *w = &info->whatifs[info->num_whatifs++];
+    w->what = what;
+    w->fits = price(S, &p, &cl, offload, &pr);
+    w->kept = w->fits ? pr.kept : 0;
+    w->step_s = w->fits ? pr.pred.step_s : 0;
+    w->gpu_bytes = w->fits ? pr.gpu.total : 0;
+    cand_layout_free(&cl);
+}
+
+/* When nothing fits: the host memory the smallest plan would need, and whether offloading the
+ * recomputed layers' inputs (not implemented yet) would make a plan fit. */
+static void explain_failure(struct search *S, const struct plan *tmpl, struct plan_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->failed = true;
+    info->min_gpu_bytes = S->min_need;
+    info->host_available = S->host_avail;
+    info->gpu_auto = S->job->gpu_mem == 0;
+    struct cand_layout cl;
+    struct plan p = S->min_plan;
+    if (cand_layout_build(S->cfg, p.layers_per_chunk, &cl) == 0) {
+        plan_assign_owners(&cl.lay, p.optim_procs, cl.owner);
+        struct model_case mc = {.job = S->job, .cfg = S->cfg, .lay = &cl.lay, .plan = &p, .owner = cl.owner,
+                                .cal = S->cal, .host_cpus = S->host_cpus};
+        model_host_memory(&mc, S->min_need, &info->host);
+        info->host_fits = S->host_avail <= 0 || info->host.total <= S->host_avail;
+        cand_layout_free(&cl);
+    }
+    if (S->job->device == DEVICE_CPU)
+        return;
+    struct search O = *S;
+    O.offload = true;
+    O.enforce_host = false;
+    O.found = false;
+    O.min_need = INT64_MAX;
+    if (search_all(&O, tmpl) != 0 || !O.found)
+        return;
+    info->whatifs[info->num_whatifs++] = (struct plan_whatif){
+        .what = "recomputed layers' inputs offloaded to host",
+        .fits = true,
+        .kept = O.best_kept,
+        .step_s = O.best_pred.step_s,
+        .gpu_bytes = O.best_gpu.total,
+    };
+}
+
+int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal, int host_cpus,
+                struct plan *plan, struct plan_info *info)
 {
     memset(plan, 0, sizeof *plan);
     int L = cfg->num_layers;
     if (L > PLAN_MAX_LAYERS)
         return sd_err("model has %d layers; at most %d are supported", L, PLAN_MAX_LAYERS);
-    plan->layers_per_chunk = job->layers_per_chunk > 0 ? imin(job->layers_per_chunk, L) : 1;
-    int num_chunks = 2 + (L + plan->layers_per_chunk - 1) / plan->layers_per_chunk;
-
     /* A pass holds at most two chunks at once (the tied embedding and the current one); one more
      * buffer lets the next chunk stream in while the current one computes. */
     if (job->chunk_buffers > 0 && job->chunk_buffers < 3)
         return sd_err("[runtime] chunk_buffers = %d: at least 3 are needed", job->chunk_buffers);
-    plan->chunk_buffers = job->chunk_buffers > 0 ? imin(job->chunk_buffers, num_chunks)
-                          : job->device == DEVICE_CPU ? num_chunks
-                                                      : imin(num_chunks, 4);
-    plan->chunk_buffers = imax(plan->chunk_buffers, imin(3, num_chunks));
-
     if (job->grad_slots >= RING_CAP)
         return sd_err("[runtime] grad_slots = %d: at most %d", job->grad_slots, RING_CAP - 1);
-    plan->grad_slots = job->grad_slots > 0 ? job->grad_slots : 4;
-
-    if (job->optim_procs > num_chunks)
-        return sd_err("[runtime] optim_procs = %d: the model has only %d chunks to share out", job->optim_procs,
-                      num_chunks);
-    plan->optim_procs = job->optim_procs > 0 ? job->optim_procs : imin(num_chunks, imax(2, host_cpus / 4));
-    plan->optim_threads = job->optim_threads > 0 ? job->optim_threads : 1;
-
+    if (job->optim_procs > 0) {
+        int lpc = job->layers_per_chunk > 0 ? imin(job->layers_per_chunk, L) : 1;
+        int num_chunks = 2 + (L + lpc - 1) / lpc;
+        if (job->optim_procs > num_chunks)
+            return sd_err("[runtime] optim_procs = %d: the model has only %d chunks to share out", job->optim_procs,
+                          num_chunks);
+    }
     if (job->update_mode == UPDATE_DURING_BACKWARD && job->grad_clip > 0)
         return sd_err("[runtime] update_mode = during_backward needs train.grad_clip = 0 (clipping needs the global "
                       "norm before any update)");
-    plan->update_mode = job->update_mode != UPDATE_AUTO ? job->update_mode
-                        : job->grad_clip > 0        ? UPDATE_AFTER_BACKWARD
-                                                    : UPDATE_DURING_BACKWARD;
     if (job->param_route == PARAMS_SHARDED)
         return sd_err("[runtime] param_route = sharded is not available yet; use replicated");
     if (job->grad_route == GRADS_GPU)
         return sd_err("[runtime] grad_route = gpu is not available yet; use cpu");
-    /* Micro-steps sum their gradients on the GPU (4 bytes per parameter there) when that fits well
-     * within the budget: each rank then sends and the optimizers add one gradient per step. */
-    int64_t budget = job->gpu_mem > 0 ? job->gpu_mem : (int64_t)80 << 30;
-    bool fits = (int64_t)model_config_num_params(cfg) * 4 <= budget / 3;
-    plan->accumulate_on_device = job->accumulate_on_device >= 0 ? job->accumulate_on_device
-                                 : job->device == DEVICE_CUDA && job->grad_accum > 1 && fits;
-    plan->param_route = PARAMS_REPLICATED;
-    plan->grad_route = GRADS_CPU;
-    for (int l = 0; l < L; l++)
-        plan->keep_acts[l] = job->act_policy == ACT_RECOMPUTE || job->act_policy == ACT_OFFLOAD ? 0 : 1;
+
+    bool cpu = job->device == DEVICE_CPU;
+    struct search S = {.job = job, .cfg = cfg, .cal = cal, .host_cpus = host_cpus, .min_need = INT64_MAX};
+    S.host_avail = cal->mem_available;
+    S.budget = job->gpu_mem > 0 ? job->gpu_mem : cpu ? INT64_MAX : (int64_t)cal->gpu.mem_bytes;
+    S.enforce_host = true;
+
+    struct plan tmpl = {
+        .layers_per_chunk = 1,
+        .chunk_buffers = 3,
+        .grad_slots = job->grad_slots > 0 ? job->grad_slots : 4,
+        .optim_procs = job->optim_procs > 0 ? job->optim_procs : imin(CTL_MAX_OPTIM, imax(1, host_cpus - job->gpus)),
+        .optim_threads = job->optim_threads > 0 ? job->optim_threads : 1,
+        .param_route = PARAMS_REPLICATED,
+        .grad_route = GRADS_CPU,
+    };
+    /* about 64 MiB of logits at a time, as worker/model.c chooses */
+    int64_t N = (int64_t)job->micro_batch * job->seq_len;
+    int64_t rows = ((int64_t)64 << 20) / ((int64_t)cfg->vocab_size * (cpu ? 4 : 2));
+    tmpl.logits_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
+
+    if (search_all(&S, &tmpl) != 0)
+        return -1;
+    bool host_fits = S.found;
+    if (!S.found) { /* nothing fits the host's memory too: plan for the device alone, and say so */
+        S.enforce_host = false;
+        S.min_need = INT64_MAX;
+        if (search_all(&S, &tmpl) != 0)
+            return -1;
+    }
+    if (!S.found) {
+        if (info)
+            explain_failure(&S, &tmpl, info);
+        char budget[32], need[32], forced[160];
+        fmt_gib(budget, sizeof budget, S.budget);
+        fmt_gib(need, sizeof need, S.min_need);
+        forced_note(job, forced, sizeof forced);
+        int kept = 0;
+        for (int l = 0; l < L; l++)
+            kept += S.min_plan.keep_acts[l];
+        return sd_err("[runtime] gpu_mem = %s%s: no plan fits; the smallest needs %s per GPU (layers_per_chunk = %d, "
+                      "chunk_buffers = %d, %d/%d layers keeping activations%s)",
+                      budget, job->gpu_mem > 0 ? "" : " (auto)", need, S.min_plan.layers_per_chunk,
+                      S.min_plan.chunk_buffers, kept, L, forced);
+    }
+
+    *plan = S.best;
+    plan->predicted_step_s = S.best_pred.step_s;
+    plan->predicted_compute_s = S.best_pred.compute_s;
+    plan->predicted_h2d_s = S.best_pred.h2d_s;
+    plan->predicted_d2h_s = S.best_pred.d2h_s;
+    plan->predicted_optim_s = S.best_pred.optim_s;
+    plan->predicted_recompute_s = S.best_pred.recompute_s;
+    plan->predicted_p2p_s = S.best_pred.p2p_s;
+    plan->predicted_host_mem_s = S.best_pred.host_mem_s;
+    plan->predicted_exposed_s = S.best_pred.exposed_s;
+    plan->bottleneck = S.best_pred.bottleneck;
+    plan->gpu_bytes = S.best_gpu.total;
+    plan->host_bytes = S.best_host.total;
+    /* 0 on the CPU backend with gpu_mem = auto: bounded by host memory (MemAvailable varies, and a
+     * relaunch must find the same plan to adopt a dead launcher's state) */
+    plan->gpu_budget = S.budget != INT64_MAX ? S.budget : 0;
+    if (info) {
+        memset(info, 0, sizeof *info);
+        info->pred = S.best_pred;
+        info->gpu = S.best_gpu;
+        info->host = S.best_host;
+        info->kept = S.best_kept;
+        info->host_available = S.host_avail;
+        info->host_fits = host_fits;
+        info->gpu_auto = job->gpu_mem == 0;
+        /* the workers share what the state leaves of the host */
+        info->gpu_budget = plan->gpu_budget ? plan->gpu_budget
+                           : S.host_avail > 0 ? (S.host_avail - (S.best_host.total - S.best_host.workers)) / job->gpus
+                                              : 0;
+        info->evaluated = S.evaluated;
+        if (!cpu && job->gpus > 1) {
+            add_whatif(&S, info, "params sharded over GPU peers", PARAMS_SHARDED, GRADS_CPU, false);
+            add_whatif(&S, info, "grads reduced on GPUs", PARAMS_REPLICATED, GRADS_GPU, false);
+            add_whatif(&S, info, "both", PARAMS_SHARDED, GRADS_GPU, false);
+        }
+        if (!cpu)
+            add_whatif(&S, info, "recomputed layers' inputs offloaded to host", PARAMS_REPLICATED, GRADS_CPU, true);
+    }
     return 0;
+}
+
+int plan_make(const struct job_config *job, const struct model_config *cfg, int host_cpus, struct plan *plan)
+{
+    struct calib cal;
+    if (calib_load(&cal) != 0)
+        return sd_err_prefix("planner calibration");
+    return plan_choose(job, cfg, &cal, host_cpus, plan, NULL);
 }
 
 void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner)
@@ -100,6 +553,13 @@ void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner)
     free(load);
 }
 
+const char *plan_bottleneck_name(int bottleneck)
+{
+    static const char *names[] = {"device compute", "weights host->device", "gradients device->host",
+                                  "GPU peer copies", "CPU optimizer", "host memory bandwidth"};
+    return bottleneck >= 0 && bottleneck < (int)(sizeof names / sizeof names[0]) ? names[bottleneck] : "?";
+}
+
 static const char *update_mode_name(int m)
 {
     return m == UPDATE_DURING_BACKWARD ? "during backward (no clipping)" : "after backward (overlaps next forward)";
@@ -113,9 +573,14 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
     fprintf(f, "plan: %d layer(s) per chunk, %d chunk buffers, %d grad slots per rank, %d optimizer process(es) x %d "
                "thread(s)\n",
             plan->layers_per_chunk, plan->chunk_buffers, plan->grad_slots, plan->optim_procs, plan->optim_threads);
-    fprintf(f, "plan: activations kept for %d/%d layers (others recomputed); update %s; params %s, grads %s\n", kept,
-            cfg->num_layers, update_mode_name(plan->update_mode),
+    fprintf(f, "plan: activations kept for %d/%d layers (others recomputed); update %s; params %s, grads %s%s\n",
+            kept, cfg->num_layers, update_mode_name(plan->update_mode),
             plan->param_route == PARAMS_SHARDED ? "sharded" : "replicated",
-            plan->grad_route == GRADS_GPU ? "reduced on GPUs" : "reduced on CPU");
-    (void)job;
+            plan->grad_route == GRADS_GPU ? "reduced on GPUs" : "reduced on CPU",
+            plan->accumulate_on_device ? ", micro-steps summed on the device" : "");
+    fprintf(f, "plan: predicted step %.4f s (compute %.4f, weights in %.4f, grads out %.4f, optimizer %.4f; bound by "
+               "%s); %s memory %.2f GiB per rank, host %.2f GiB\n",
+            plan->predicted_step_s, plan->predicted_compute_s, plan->predicted_h2d_s, plan->predicted_d2h_s,
+            plan->predicted_optim_s, plan_bottleneck_name(plan->bottleneck), job->device == DEVICE_CPU ? "worker" : "GPU",
+            (double)plan->gpu_bytes / GIB, (double)plan->host_bytes / GIB);
 }

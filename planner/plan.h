@@ -1,23 +1,65 @@
 /* The planner: chooses a job's execution plan (common/plan.h) from job.ini, the model and the
- * host, and assigns chunks to optimizer processes. */
+ * host with the step-time model (planner/model.h) and the host's calibration (planner/calib.h),
+ * and assigns chunks to optimizer processes. */
 #ifndef SD_PLANNER_H
 #define SD_PLANNER_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "common/job.h"
 #include "common/layout.h"
 #include "common/model_config.h"
 #include "common/plan.h"
+#include "planner/calib.h"
+#include "planner/model.h"
 
-/* Fills plan from the job's explicit choices and the defaults for the rest. Fails with a message
- * naming the job.ini key when a forced choice is impossible. */
+/* A route or policy the workers do not implement yet, priced on the chosen plan. */
+struct plan_whatif {
+    const char *what;
+    bool fits;
+    int kept;           /* layers keeping their activations */
+    double step_s;
+    int64_t gpu_bytes;
+};
+
+#define PLAN_MAX_WHATIF 4
+
+/* What slidedp-plan reports beside the plan. */
+struct plan_info {
+    struct step_pred pred;
+    struct gpu_mem_pred gpu;
+    struct host_mem_pred host;
+    int kept;               /* layers keeping their activations */
+    int64_t host_available; /* MemAvailable, -1 unknown */
+    bool host_fits;         /* false: no plan fits the host's memory; the plan ignores it */
+    bool gpu_auto;          /* runtime.gpu_mem = auto */
+    int64_t gpu_budget;     /* per rank; on the CPU backend with auto, what the host has left now */
+    int evaluated;          /* candidate plans priced */
+    bool failed;            /* no plan fits: only min_gpu_bytes, host and the what-ifs are set */
+    int64_t min_gpu_bytes;  /* the smallest device memory any plan needs */
+    int num_whatifs;
+    struct plan_whatif whatifs[PLAN_MAX_WHATIF];
+};
+
+/* Fills plan with the fastest plan that fits runtime.gpu_mem (auto: the calibrated device memory
+ * on CUDA, host memory on the CPU backend) and host memory, honouring every choice job.ini makes.
+ * Fails with a message naming the job.ini key when a forced choice is impossible, and with the
+ * smallest budget that would do when nothing fits. Measures or reads the host's calibration. */
 int plan_make(const struct job_config *job, const struct model_config *cfg, int host_cpus, struct plan *plan);
+
+/* plan_make with a given calibration; info (may be NULL) receives the details, also when nothing
+ * fits. */
+int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal, int host_cpus,
+                struct plan *plan, struct plan_info *info);
 
 /* Optimizer process of each chunk: largest chunks first onto the least loaded process, so each
  * process gets about the same number of parameters (deterministic). */
 void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner);
 
+const char *plan_bottleneck_name(int bottleneck);
+
+/* The plan and its prediction in three lines (slidedp-launch's header). */
 void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg, const struct job_config *job);
 
 #endif
