@@ -1,6 +1,12 @@
-/* slidedp-plan: prints the plan slidedp-launch would use for a job. */
+/* slidedp-plan: prints the plan slidedp-launch would use for a job, each term of its predicted
+ * step time, the bottleneck, the memory it needs, and which calibration numbers were measured on
+ * this host and which are assumed; --json for machines. Needs no GPU. */
+#include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/err.h"
@@ -8,25 +14,371 @@
 #include "common/model_config.h"
 #include "planner/plan.h"
 
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Bytes in the unit that shows them best (a few rotating buffers, for use in one printf). */
+static const char *sz(double bytes)
+{
+    static char bufs[12][32];
+    static int next;
+    char *b = bufs[next++ % 12];
+    double a = fabs(bytes);
+    if (a >= GIB)
+        snprintf(b, 32, "%.2f GiB", bytes / GIB);
+    else if (a >= 1024.0 * 1024)
+        snprintf(b, 32, "%.2f MiB", bytes / (1024.0 * 1024));
+    else
+        snprintf(b, 32, "%.1f KiB", bytes / 1024.0);
+    return b;
+}
+
+static const char *source_name(int src)
+{
+    return src == CALIB_MEASURED ? "measured now" : src == CALIB_CACHED ? "measured earlier (cache)" : "assumed";
+}
+
+struct report {
+    const struct job_config *job;
+    const struct model_config *cfg;
+    const struct plan *plan;
+    const struct plan_info *info;
+    const struct calib *cal;
+    double num_params;
+    double tokens; /* per step, all ranks */
+};
+
+static void print_text(const struct report *r)
+{
+    const struct job_config *job = r->job;
+    const struct plan_info *in = r->info;
+    const struct step_pred *p = &in->pred;
+    const struct calib *cal = r->cal;
+    bool cpu = job->device == DEVICE_CPU;
+    bool billions = r->num_params >= 1e9;
+    printf("job: %s %s, %.2f%s params, %d layers; %d x %s, %d x %d tokens per micro-step, grad_accum %d: %.0f tokens "
+           "per step\n",
+           r->cfg->model_type, r->cfg->architecture, r->num_params / (billions ? 1e9 : 1e6), billions ? "B" : "M",
+           r->cfg->num_layers, job->gpus,
+           cpu ? "cpu worker" : "cuda GPU", job->micro_batch, job->seq_len, job->grad_accum, r->tokens);
+    plan_print(stdout, r->plan, r->cfg, job);
+    bool tera = p->flops / p->step_s >= 1e12;
+    printf("\npredicted step time %.4f s: %.0f tokens/s, %.1f %sFLOP/s per rank (%d plans priced)\n", p->step_s,
+           r->tokens / p->step_s, p->flops / p->step_s / (tera ? 1e12 : 1e9), tera ? "T" : "G", in->evaluated);
+    printf("  compute          %10.4f s  (%.2f %sFLOP per rank; recompute %.4f s)\n", p->compute_s,
+           p->flops / (tera ? 1e12 : 1e9), tera ? "T" : "G", p->recompute_s);
+    printf("  weights in       %10.4f s  (%s per rank%s)\n", p->h2d_s, sz(p->h2d_bytes),
+           cpu ? ", bf16 -> fp32 on the worker" : "");
+    printf("  grads out        %10.4f s  (%s per rank)\n", p->d2h_s, sz(p->d2h_bytes));
+    if (!cpu && job->gpus > 1)
+        printf("  peer copies      %10.4f s  (%s)\n", p->p2p_s, sz(p->p2p_bytes));
+    printf("  optimizer        %10.4f s  (busiest of %d process(es); %s of host memory touched)\n", p->optim_s,
+           r->plan->optim_procs, sz(p->optim_bytes));
+    printf("  host memory bw   %10.4f s  (all ranks' transfers and the optimizers)\n", p->host_mem_s);
+    printf("  exposed          %10.4f s  (fill, drain and waits beyond the bottleneck)\n", p->exposed_s);
+    printf("  bottleneck: %s\n", plan_bottleneck_name(p->bottleneck));
+
+    const struct gpu_mem_pred *g = &in->gpu;
+    int L = r->cfg->num_layers;
+    printf("\n%s memory per rank: %s of %s%s\n", cpu ? "worker" : "GPU", sz(g->total),
+           sz(in->gpu_budget),
+           in->gpu_auto ? (cpu ? " (auto: what the host has left)" : " (auto: calibrated device memory)") : "");
+    printf("  chunk buffers    %10s  (%d x largest chunk)\n", sz(g->chunk_bufs), r->plan->chunk_buffers);
+    printf("  gradient buffers %10s\n", sz(g->grad_bufs));
+    printf("  layer inputs     %10s  (%d x %s)\n", sz(g->layer_inputs), L + 1,
+           sz(g->layer_inputs / (L + 1)));
+    printf("  activations      %10s  (%d/%d layers kept, %s each%s)\n", sz(g->kept_acts), in->kept, L,
+           sz(g->acts_per_layer), in->kept < L ? ", plus one recompute set" : "");
+    printf("  backward scratch %10s\n", sz(g->bwd_scratch));
+    printf("  logits chunk     %10s  (%d rows)\n", sz(g->logits), r->plan->logits_rows);
+    printf("  tokens, tables   %10s\n", sz(g->misc));
+    printf("  workspace        %10s%s\n", sz(g->workspace), cpu ? "" : "  (assumed)");
+
+    const struct host_mem_pred *h = &in->host;
+    printf("\nhost memory: %s = params16 %s + master/m/v/accumulator %s + gradient slots %s + ctl %s\n",
+           sz(h->total), sz(h->params16), sz(h->master), sz(h->grads), sz(h->ctl));
+    if (cpu)
+        printf("  + the workers' memory %s (the CPU backend's device memory is host memory)\n", sz(h->workers));
+    if (in->host_available > 0)
+        printf("  this host has %s available: %s\n", sz(in->host_available),
+               in->host_fits ? "fits" : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
+
+    if (in->num_whatifs > 0) {
+        printf("\nnot implemented yet, on this plan:\n");
+        for (int i = 0; i < in->num_whatifs; i++) {
+            const struct plan_whatif *w = &in->whatifs[i];
+            if (w->fits)
+                printf("  %-44s step %.4f s (%+.1f%%), %s per rank, %d/%d layers kept\n", w->what, w->step_s,
+                       100.0 * (w->step_s / p->step_s - 1), sz(w->gpu_bytes), w->kept, L);
+            else
+                printf("  %-44s does not fit\n", w->what);
+        }
+    }
+
+    printf("\ncalibration, host %s (%d cpus): %s%s%s\n", cal->hostname, cal->host.ncpu,
+           source_name(cal->host_source), cal->host_file[0] ? ", " : "", cal->host_file);
+    printf("  memcpy   ");
+    for (int i = 0; i < cal->host.memcpy_bw.n; i++)
+        printf(" %d thr %.1f GB/s;", cal->host.memcpy_bw.threads[i], cal->host.memcpy_bw.value[i] / 1e9);
+    printf("\n  AdamW    ");
+    for (int i = 0; i < cal->host.adamw_rate.n; i++)
+        printf(" %d thr %.2f G params/s;", cal->host.adamw_rate.threads[i], cal->host.adamw_rate.value[i] / 1e9);
+    printf("\n  process wake-up %.1f us\n", cal->host.wake_s * 1e6);
+    const struct calib_cpu *c = &cal->host.cpu;
+    printf("  CPU backend: sgemm %.1f GFLOP/s + %.2f ns per element packed; attention fwd %.2f ns x D + %.2f ns, bwd "
+           "%.2f ns x D + %.2f ns per pair\n",
+           c->gemm_flops / 1e9, c->gemm_elem_s * 1e9, c->attn_fwd_pair_dim_s * 1e9, c->attn_fwd_pair_s * 1e9,
+           c->attn_bwd_pair_dim_s * 1e9, c->attn_bwd_pair_s * 1e9);
+    printf("calibration, GPU: %s\n", cal->gpu_file[0] ? cal->gpu_file
+                                                     : "no calibration file: one H200's numbers (DESIGN §10, "
+                                                       "bench/NOTES_issue4.md), assumed");
+    for (int i = 0; i < calib_gpu_num_fields; i++) {
+        const struct calib_gpu_field *f = &calib_gpu_fields[i];
+        double v = calib_gpu_get(&cal->gpu, i);
+        bool from_file = cal->gpu_from_file >> i & 1;
+        if (!strcmp(f->unit, "B"))
+            printf("  %-18s %10s     %s\n", f->name, sz(v), from_file ? "measured (file)" : "assumed");
+        else if (!strcmp(f->unit, "s"))
+            printf("  %-18s %10.2f us      %s\n", f->name, v * 1e6, from_file ? "measured (file)" : "assumed");
+        else
+            printf("  %-18s %10.1f %s%s %s\n", f->name, v / (f->unit[0] == 'F' ? 1e12 : 1e9),
+                   f->unit[0] == 'F' ? "T" : "G", f->unit, from_file ? "measured (file)" : "assumed");
+    }
+}
+
+static cJSON *curve_json(const struct calib_curve *cv)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < cv->n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "threads", cv->threads[i]);
+        cJSON_AddNumberToObject(o, "value", cv->value[i]);
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
+static void print_json(const struct report *r)
+{
+    const struct plan *pl = r->plan;
+    const struct plan_info *in = r->info;
+    const struct step_pred *p = &in->pred;
+    const struct calib *cal = r->cal;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *job = cJSON_AddObjectToObject(o, "job");
+    cJSON_AddStringToObject(job, "model_type", r->cfg->model_type);
+    cJSON_AddNumberToObject(job, "params", r->num_params);
+    cJSON_AddNumberToObject(job, "layers", r->cfg->num_layers);
+    cJSON_AddStringToObject(job, "device", r->job->device == DEVICE_CPU ? "cpu" : "cuda");
+    cJSON_AddNumberToObject(job, "gpus", r->job->gpus);
+    cJSON_AddNumberToObject(job, "tokens_per_step", r->tokens);
+
+    cJSON *pj = cJSON_AddObjectToObject(o, "plan");
+    cJSON_AddNumberToObject(pj, "layers_per_chunk", pl->layers_per_chunk);
+    cJSON_AddNumberToObject(pj, "chunk_buffers", pl->chunk_buffers);
+    cJSON_AddNumberToObject(pj, "grad_slots", pl->grad_slots);
+    cJSON_AddNumberToObject(pj, "optim_procs", pl->optim_procs);
+    cJSON_AddNumberToObject(pj, "optim_threads", pl->optim_threads);
+    cJSON_AddStringToObject(pj, "update_mode", pl->update_mode == UPDATE_DURING_BACKWARD ? "during_backward"
+                                                                                         : "after_backward");
+    cJSON_AddStringToObject(pj, "param_route", pl->param_route == PARAMS_SHARDED ? "sharded" : "replicated");
+    cJSON_AddStringToObject(pj, "grad_route", pl->grad_route == GRADS_GPU ? "gpu" : "cpu");
+    cJSON_AddNumberToObject(pj, "logits_rows", pl->logits_rows);
+    cJSON_AddBoolToObject(pj, "accumulate_on_device", pl->accumulate_on_device);
+    cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
+    for (int l = 0; l < r->cfg->num_layers; l++)
+        cJSON_AddItemToArray(keep, cJSON_CreateNumber(pl->keep_acts[l]));
+
+    cJSON *pr = cJSON_AddObjectToObject(o, "predicted");
+    cJSON_AddNumberToObject(pr, "step_s", p->step_s);
+    cJSON_AddNumberToObject(pr, "tokens_per_s", r->tokens / p->step_s);
+    cJSON_AddNumberToObject(pr, "compute_s", p->compute_s);
+    cJSON_AddNumberToObject(pr, "recompute_s", p->recompute_s);
+    cJSON_AddNumberToObject(pr, "h2d_s", p->h2d_s);
+    cJSON_AddNumberToObject(pr, "d2h_s", p->d2h_s);
+    cJSON_AddNumberToObject(pr, "p2p_s", p->p2p_s);
+    cJSON_AddNumberToObject(pr, "optim_s", p->optim_s);
+    cJSON_AddNumberToObject(pr, "host_mem_s", p->host_mem_s);
+    cJSON_AddNumberToObject(pr, "exposed_s", p->exposed_s);
+    cJSON_AddStringToObject(pr, "bottleneck", plan_bottleneck_name(p->bottleneck));
+    cJSON_AddNumberToObject(pr, "flops_per_rank", p->flops);
+    cJSON_AddNumberToObject(pr, "h2d_bytes_per_rank", p->h2d_bytes);
+    cJSON_AddNumberToObject(pr, "d2h_bytes_per_rank", p->d2h_bytes);
+    cJSON_AddNumberToObject(pr, "p2p_bytes_per_rank", p->p2p_bytes);
+    cJSON_AddNumberToObject(pr, "optim_bytes", p->optim_bytes);
+
+    cJSON *g = cJSON_AddObjectToObject(o, "gpu_memory");
+    cJSON_AddNumberToObject(g, "budget", (double)in->gpu_budget);
+    cJSON_AddBoolToObject(g, "auto", in->gpu_auto);
+    cJSON_AddNumberToObject(g, "total", (double)in->gpu.total);
+    cJSON_AddNumberToObject(g, "chunk_buffers", (double)in->gpu.chunk_bufs);
+    cJSON_AddNumberToObject(g, "grad_buffers", (double)in->gpu.grad_bufs);
+    cJSON_AddNumberToObject(g, "layer_inputs", (double)in->gpu.layer_inputs);
+    cJSON_AddNumberToObject(g, "activations", (double)in->gpu.kept_acts);
+    cJSON_AddNumberToObject(g, "activations_per_layer", (double)in->gpu.acts_per_layer);
+    cJSON_AddNumberToObject(g, "kept_layers", in->kept);
+    cJSON_AddNumberToObject(g, "backward_scratch", (double)in->gpu.bwd_scratch);
+    cJSON_AddNumberToObject(g, "logits", (double)in->gpu.logits);
+    cJSON_AddNumberToObject(g, "misc", (double)in->gpu.misc);
+    cJSON_AddNumberToObject(g, "workspace", (double)in->gpu.workspace);
+
+    cJSON *h = cJSON_AddObjectToObject(o, "host_memory");
+    cJSON_AddNumberToObject(h, "total", (double)in->host.total);
+    cJSON_AddNumberToObject(h, "params16", (double)in->host.params16);
+    cJSON_AddNumberToObject(h, "master", (double)in->host.master);
+    cJSON_AddNumberToObject(h, "grad_slots", (double)in->host.grads);
+    cJSON_AddNumberToObject(h, "ctl", (double)in->host.ctl);
+    cJSON_AddNumberToObject(h, "workers", (double)in->host.workers);
+    cJSON_AddNumberToObject(h, "available", (double)in->host_available);
+    cJSON_AddBoolToObject(h, "fits", in->host_fits);
+
+    cJSON *w = cJSON_AddArrayToObject(o, "not_implemented");
+    for (int i = 0; i < in->num_whatifs; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "what", in->whatifs[i].what);
+        cJSON_AddBoolToObject(e, "fits", in->whatifs[i].fits);
+        cJSON_AddNumberToObject(e, "step_s", in->whatifs[i].step_s);
+        cJSON_AddNumberToObject(e, "gpu_bytes", (double)in->whatifs[i].gpu_bytes);
+        cJSON_AddNumberToObject(e, "kept_layers", in->whatifs[i].kept);
+        cJSON_AddItemToArray(w, e);
+    }
+
+    cJSON *c = cJSON_AddObjectToObject(o, "calibration");
+    cJSON *ch = cJSON_AddObjectToObject(c, "host");
+    cJSON_AddStringToObject(ch, "hostname", cal->hostname);
+    cJSON_AddStringToObject(ch, "source", cal->host_source == CALIB_MEASURED ? "measured" : "cached");
+    cJSON_AddStringToObject(ch, "file", cal->host_file);
+    cJSON_AddNumberToObject(ch, "ncpu", cal->host.ncpu);
+    cJSON_AddItemToObject(ch, "memcpy_bw", curve_json(&cal->host.memcpy_bw));
+    cJSON_AddItemToObject(ch, "adamw_rate", curve_json(&cal->host.adamw_rate));
+    cJSON_AddNumberToObject(ch, "wake_s", cal->host.wake_s);
+    cJSON_AddNumberToObject(ch, "cpu_gemm_flops", cal->host.cpu.gemm_flops);
+    cJSON *cg = cJSON_AddObjectToObject(c, "gpu");
+    cJSON_AddStringToObject(cg, "file", cal->gpu_file);
+    for (int i = 0; i < calib_gpu_num_fields; i++) {
+        cJSON *f = cJSON_AddObjectToObject(cg, calib_gpu_fields[i].name);
+        cJSON_AddNumberToObject(f, "value", calib_gpu_get(&cal->gpu, i));
+        cJSON_AddStringToObject(f, "source", cal->gpu_from_file >> i & 1 ? "measured" : "assumed");
+    }
+    char *text = cJSON_Print(o);
+    printf("%s\n", text);
+    free(text);
+    cJSON_Delete(o);
+}
+
+/* Nothing fits the GPUs: what the job would need, on stdout (the error itself goes to stderr). */
+static void print_failure(const struct job_config *job, const struct plan_info *in, const char *error, bool json)
+{
+    const struct host_mem_pred *h = &in->host;
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "error", error);
+        cJSON_AddNumberToObject(o, "min_gpu_bytes", (double)in->min_gpu_bytes);
+        cJSON_AddNumberToObject(o, "gpu_budget", (double)job->gpu_mem);
+        cJSON *hj = cJSON_AddObjectToObject(o, "host_memory");
+        cJSON_AddNumberToObject(hj, "total", (double)h->total);
+        cJSON_AddNumberToObject(hj, "available", (double)in->host_available);
+        cJSON_AddBoolToObject(hj, "fits", in->host_fits);
+        cJSON *w = cJSON_AddArrayToObject(o, "not_implemented");
+        for (int i = 0; i < in->num_whatifs; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "what", in->whatifs[i].what);
+            cJSON_AddNumberToObject(e, "step_s", in->whatifs[i].step_s);
+            cJSON_AddNumberToObject(e, "gpu_bytes", (double)in->whatifs[i].gpu_bytes);
+            cJSON_AddNumberToObject(e, "kept_layers", in->whatifs[i].kept);
+            cJSON_AddItemToArray(w, e);
+        }
+        char *text = cJSON_Print(o);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete(o);
+        return;
+    }
+    printf("no plan fits %s per GPU; the smallest needs %s\n", sz((double)job->gpu_mem),
+           sz((double)in->min_gpu_bytes));
+    printf("host memory: %s = params16 %s + master/m/v/accumulator %s + gradient slots %s + ctl %s",
+           sz(h->total), sz(h->params16), sz(h->master), sz(h->grads), sz(h->ctl));
+    if (in->host_available > 0)
+        printf("; this host has %s available: %s", sz(in->host_available), in->host_fits ? "fits" : "does not fit");
+    printf("\n");
+    for (int i = 0; i < in->num_whatifs; i++)
+        printf("not implemented yet: with the %s, a plan would fit: %s per GPU, %d layers kept, step %.4f s\n",
+               in->whatifs[i].what, sz(in->whatifs[i].gpu_bytes), in->whatifs[i].kept, in->whatifs[i].step_s);
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: slidedp-plan job.ini [section.key=value ...] [--json] [--recalibrate]\n");
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help")) {
-        fprintf(stderr, "usage: slidedp-plan job.ini [section.key=value ...]\n");
-        return 2;
+    const char *ini = NULL;
+    bool json = false;
+    char **overrides = calloc((size_t)argc, sizeof *overrides);
+    int num_overrides = 0;
+    if (!overrides)
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!strcmp(argv[i], "--recalibrate"))
+            calib_force_measure();
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return usage();
+        else if (argv[i][0] == '-') {
+            fprintf(stderr, "slidedp-plan: unknown option %s (accepted: --json, --recalibrate)\n", argv[i]);
+            return 2;
+        } else if (!ini)
+            ini = argv[i];
+        else if (strchr(argv[i], '='))
+            overrides[num_overrides++] = argv[i];
+        else {
+            fprintf(stderr, "slidedp-plan: unexpected argument '%s' (overrides look like section.key=value)\n",
+                    argv[i]);
+            return 2;
+        }
     }
+    if (!ini)
+        return usage();
     struct job_config job;
-    if (job_config_load(argv[1], argc - 2, argv + 2, &job) != 0) {
+    if (job_config_load(ini, num_overrides, overrides, &job) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         return 2;
     }
     char cfg_path[JOB_PATH_MAX + 16];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", job.model_path);
     struct model_config cfg;
-    struct plan plan;
-    if (model_config_load(cfg_path, &cfg) != 0 || plan_make(&job, &cfg, (int)sysconf(_SC_NPROCESSORS_ONLN), &plan) != 0) {
+    if (model_config_load(cfg_path, &cfg) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         return 2;
     }
-    plan_print(stdout, &plan, &cfg, &job);
+    struct calib cal;
+    if (calib_load(&cal) != 0) {
+        fprintf(stderr, "slidedp-plan: calibration: %s\n", sd_errmsg());
+        return 2;
+    }
+    struct plan plan;
+    struct plan_info info = {0};
+    if (plan_choose(&job, &cfg, &cal, (int)sysconf(_SC_NPROCESSORS_ONLN), &plan, &info) != 0) {
+        fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
+        if (info.failed)
+            print_failure(&job, &info, sd_errmsg(), json);
+        return 2;
+    }
+    struct report r = {
+        .job = &job,
+        .cfg = &cfg,
+        .plan = &plan,
+        .info = &info,
+        .cal = &cal,
+        .num_params = (double)model_config_num_params(&cfg),
+        .tokens = (double)job.gpus * job.grad_accum * job.micro_batch * job.seq_len,
+    };
+    if (json)
+        print_json(&r);
+    else
+        print_text(&r);
+    free(overrides);
     return 0;
 }
