@@ -266,9 +266,9 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     publish_stats(s, step, loss, rec, step_s, tok_s, tokens, val_loss, val_acc);
     fprintf(s->metrics,
             "{\"step\":%u,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens\":%lld,\"targets\":%lld,"
-            "\"step_s\":%.6f,\"tok_s\":%.1f,\"clip_coef\":%.6f%s}\n",
-            step, loss, rec->lr, rec->grad_norm, (long long)tokens, (long long)rec->tokens, step_s, tok_s,
-            rec->clip_coef, val);
+            "\"step_s\":%.6f,\"predicted_step_s\":%.6f,\"tok_s\":%.1f,\"clip_coef\":%.6f%s}\n",
+            step, loss, rec->lr, rec->grad_norm, (long long)tokens, (long long)rec->tokens, step_s,
+            s->h->plan.predicted_step_s, tok_s, rec->clip_coef, val);
     fflush(s->metrics);
     if (step % (uint32_t)job->log_every == 0 || step == (uint32_t)job->steps || val[0]) {
         printf("step %5u/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.3fs  %.0f tok/s", step, job->steps, loss, rec->lr,

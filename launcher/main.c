@@ -7,12 +7,14 @@
 #include "common/err.h"
 #include "common/job.h"
 #include "launcher/launch.h"
+#include "planner/calib.h"
 #include "shm/ctl.h"
 #include "shm/region.h"
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: slidedp-launch [--gpus N] [--device cuda|cpu] [--clean] job.ini [section.key=value ...]\n");
+    fprintf(stderr, "usage: slidedp-launch [--gpus N] [--device cuda|cpu] [--clean] [--recalibrate] job.ini "
+                    "[section.key=value ...]\n");
     return 2;
 }
 
@@ -62,6 +64,8 @@ int main(int argc, char **argv)
             overrides[num_overrides++] = device_override;
         } else if (!strcmp(argv[i], "--clean")) {
             clean = 1;
+        } else if (!strcmp(argv[i], "--recalibrate")) {
+            calib_force_measure(); /* the planner measures this host again (slidedp-plan --recalibrate) */
         } else if (!strcmp(argv[i], "--version")) {
 #ifdef SD_HAVE_CUDA
             printf("slidedp %s (backends: cpu cuda)\n", SD_VERSION);
