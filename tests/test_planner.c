@@ -1,0 +1,436 @@
+/* The planner's model and search against numbers worked out by hand: FLOPs of a layer, weight and
+ * gradient bytes per step for a chunk cache depth, device and host memory of a small config, the
+ * switch to recomputing layers as gpu_mem shrinks, the "nothing fits" error with the smallest
+ * budget, and job.ini choices honoured. A fixed calibration, so no timing is involved. */
+#include "tests/testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "planner/plan.h"
+
+static struct calib test_calib(void)
+{
+    struct calib c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.hostname, sizeof c.hostname, "test");
+    c.host.ncpu = 8;
+    c.host.memcpy_bw = (struct calib_curve){2, {1, 8}, {10e9, 40e9}};
+    c.host.adamw_rate = (struct calib_curve){2, {1, 8}, {0.5e9, 2e9}};
+    c.host.wake_s = 10e-6;
+    c.host.cpu.gemm_flops = 50e9;
+    c.host.cpu.gemm_elem_s = 0.5e-9;
+    c.host.cpu.attn_fwd_pair_dim_s = 2e-9;
+    c.host.cpu.attn_fwd_pair_s = 10e-9;
+    c.host.cpu.attn_bwd_pair_dim_s = 4e-9;
+    c.host.cpu.attn_bwd_pair_s = 15e-9;
+    for (int i = 0; i < ELEM_COUNT; i++)
+        c.host.cpu.elem_s[i] = 1e-9;
+    calib_gpu_defaults(&c.gpu);
+    c.mem_available = (int64_t)1 << 40;
+    return c;
+}
+
+/* C=64, I=192, 4 query heads and 2 KV heads of 16, vocab 32, tied, qk_norm (examples/tiny-qwen3 with L layers) */
+static struct model_config tiny(int layers)
+{
+    struct model_config c;
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":32,\"hidden_size\":64,"
+             "\"intermediate_size\":192,\"num_hidden_layers\":%d,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+             "\"head_dim\":16,\"max_position_embeddings\":64,\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0,"
+             "\"tie_word_embeddings\":true}",
+             layers);
+    if (model_config_parse(json, "tiny", &c) != 0)
+        fail_msg("%s", sd_errmsg());
+    return c;
+}
+
+/* A 1B-ish shape whose activations matter at 4 x 1024 tokens. */
+static struct model_config medium(void)
+{
+    struct model_config c;
+    const char *json =
+        "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":32000,\"hidden_size\":1024,"
+        "\"intermediate_size\":4096,\"num_hidden_layers\":8,\"num_attention_heads\":16,\"num_key_value_heads\":8,"
+        "\"head_dim\":64,\"max_position_embeddings\":4096,\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0,"
+        "\"tie_word_embeddings\":false}";
+    if (model_config_parse(json, "medium", &c) != 0)
+        fail_msg("%s", sd_errmsg());
+    return c;
+}
+
+static struct job_config job_of(int device, int gpus, int mb, int T, int accum)
+{
+    struct job_config j;
+    job_config_defaults(&j);
+    j.device = device;
+    j.gpus = gpus;
+    j.micro_batch = mb;
+    j.seq_len = T;
+    j.grad_accum = accum;
+    return j;
+}
+
+static void test_layer_flops(void **state)
+{
+    struct model_config c = tiny(2);
+    /* B=2, T=8: N=16 tokens. GEMMs: q 64x64, k and v 64x32, o 64x64, gate/up/down 3 x 64x192
+     * = 4096+2048+2048+4096+36864 = 49152 weights, 2 FLOPs each per token: 16*2*49152.
+     * Causal attention: 4 query heads x 2 sequences x 8*9/2 pairs = 288 pairs, QK and PV 2 FLOPs
+     * each per dimension: 4*288*16. */
+    double expect = 16.0 * 2 * 49152 + 4.0 * 288 * 16;
+    assert_true(fabs(model_layer_flops(&c, 2, 8) - expect) < 1e-6);
+    assert_true(fabs(model_head_flops(&c, 16) - 2.0 * 16 * 64 * 32) < 1e-6);
+    /* Qwen3-14B-like layer at 4096 tokens: 5120 hidden, 40 heads of 128, 8 KV heads, 17408 MLP */
+    struct model_config q;
+    memset(&q, 0, sizeof q);
+    q.hidden_size = 5120;
+    q.intermediate_size = 17408;
+    q.num_heads = 40;
+    q.num_kv_heads = 8;
+    q.head_dim = 128;
+    double w = 5120.0 * 5120 * 2 + 2 * 5120.0 * 1024 + 3 * 5120.0 * 17408; /* 330,301,440 */
+    double attn = 4.0 * 40 * (4096.0 * 4097 / 2) * 128;
+    assert_true(fabs(model_layer_flops(&q, 1, 4096) - (2 * 4096 * w + attn)) < 1.0);
+    printf("# qwen3-14b layer forward at 4096 tokens: %.2f TFLOP\n", model_layer_flops(&q, 1, 4096) / 1e12);
+}
+
+/* Prices a hand-made plan for the tiny model with L layers, one per chunk. */
+static void price_plan(const struct model_config *cfg, const struct job_config *job, struct plan *p,
+                       struct layout *lay, struct step_pred *pred, struct gpu_mem_pred *gm, struct host_mem_pred *hm)
+{
+    static struct calib cal;
+    cal = test_calib();
+    assert_int_equal(layout_build(cfg, p->layers_per_chunk, lay), 0);
+    int owner[64];
+    plan_assign_owners(lay, p->optim_procs, owner);
+    struct model_case mc = {.job = job, .cfg = cfg, .lay = lay, .plan = p, .owner = owner, .cal = &cal,
+                            .host_cpus = 8};
+    int kept = 0;
+    for (int l = 0; l < cfg->num_layers; l++)
+        kept += p->keep_acts[l];
+    if (pred)
+        model_step(&mc, pred);
+    if (gm)
+        model_gpu_memory(&mc, kept, gm);
+    if (hm)
+        model_host_memory(&mc, gm ? gm->total : 0, hm);
+}
+
+static struct plan hand_plan(int lpc, int buffers, int slots, int procs, int mode)
+{
+    struct plan p;
+    memset(&p, 0, sizeof p);
+    p.layers_per_chunk = lpc;
+    p.chunk_buffers = buffers;
+    p.grad_slots = slots;
+    p.optim_procs = procs;
+    p.optim_threads = 1;
+    p.update_mode = mode;
+    p.param_route = PARAMS_REPLICATED;
+    p.grad_route = GRADS_CPU;
+    p.logits_rows = 16;
+    memset(p.keep_acts, 1, sizeof p.keep_acts);
+    return p;
+}
+
+static void test_bytes_per_pass(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct job_config job = job_of(DEVICE_CUDA, 1, 2, 8, 2);
+    struct layout lay;
+    struct step_pred pred;
+    /* chunks: embed 2048 (32x64), 4 layers of 51200 (49344 padded to 2048s), head 2048 (final norm) */
+    struct plan p = hand_plan(1, 3, 4, 2, UPDATE_AFTER_BACKWARD);
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_int_equal(lay.num_chunks, 6);
+    assert_int_equal(lay.chunks[1].numel, 51200);
+    assert_int_equal(lay.total_numel, 2048 + 4 * 51200 + 2048);
+    /* Three buffers, the tied embedding held through the forward. Micro-step 1: the forward
+     * streams all six chunks; the backward finds layer 3 still cached and fetches layers 2, 1, 0
+     * again (chunks 3, 2, 1). Micro-step 2 finds layers 1 and 0 left over from that backward, so
+     * it fetches the embedding, layers 2 and 3 and the head, then layers 2, 1, 0 again. */
+    double micro1 = (2048 + 4 * 51200 + 2048 + 3 * 51200) * 2.0;
+    double micro2 = (2048 + 2 * 51200 + 2048 + 3 * 51200) * 2.0;
+    printf("# 3 buffers: %.0f bytes in per step (expect %.0f), %.0f out\n", pred.h2d_bytes, micro1 + micro2,
+           pred.d2h_bytes);
+    assert_true(fabs(pred.h2d_bytes - (micro1 + micro2)) < 1);
+    /* every micro-step sends every chunk's fp32 gradient */
+    assert_true(fabs(pred.d2h_bytes - 2 * lay.total_numel * 4.0) < 1);
+    layout_free(&lay);
+
+    /* every chunk resident: each chunk crosses once per step, whatever grad_accum is */
+    p = hand_plan(1, 6, 4, 2, UPDATE_AFTER_BACKWARD);
+    job.grad_accum = 5;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_true(fabs(pred.h2d_bytes - lay.total_numel * 2.0) < 1);
+    assert_true(fabs(pred.d2h_bytes - 5 * lay.total_numel * 4.0) < 1);
+    /* the optimizers add G*A gradients of 12 bytes per element and update once at 30 */
+    assert_true(fabs(pred.optim_bytes - (5 * 12.0 + 30.0) * lay.total_numel) < 1);
+    layout_free(&lay);
+
+    /* micro-steps summed on the device: one gradient per chunk and step goes out and is added */
+    p.accumulate_on_device = 1;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_true(fabs(pred.h2d_bytes - lay.total_numel * 2.0) < 1);
+    assert_true(fabs(pred.d2h_bytes - lay.total_numel * 4.0) < 1);
+    assert_true(fabs(pred.optim_bytes - (12.0 + 30.0) * lay.total_numel) < 1);
+    layout_free(&lay);
+}
+
+static void test_memory_footprint(void **state)
+{
+    struct model_config cfg = tiny(2);
+    struct job_config job = job_of(DEVICE_CPU, 2, 2, 8, 1);
+    struct layout lay;
+    struct gpu_mem_pred gm;
+    struct host_mem_pred hm;
+    struct plan p = hand_plan(1, 3, 4, 2, UPDATE_AFTER_BACKWARD);
+    p.keep_acts[1] = 0;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    /* CPU backend: fp32 activations and weights, N = 16 tokens, C = 64, I = 192, q 64, kv 32 */
+    int64_t N = 16, C = 64, I = 192, q = 64, kv = 32, f = 4;
+    int64_t per_layer = N * C * f + N * f                         /* ln1, rstd1 */
+                        + N * q * f + N * kv * f + N * 4 * f + N * 2 * f /* q_raw, k_raw, q_rstd, k_rstd */
+                        + N * q * f + N * kv * f + N * kv * f + N * q * f /* q, k, v, att */
+                        + N * 4 * f                                 /* lse */
+                        + N * C * f + N * C * f + N * f             /* h, ln2, rstd2 */
+                        + 3 * N * I * f;                            /* gate, up, sw */
+    assert_int_equal(per_layer, 68352);
+    assert_int_equal(gm.acts_per_layer, per_layer);
+    assert_int_equal(gm.kept_acts, 2 * per_layer); /* layer 0 kept + one recompute set */
+    assert_int_equal(gm.chunk_bufs, 3 * 51200 * 4);
+    assert_int_equal(gm.grad_bufs, (2048 + 2 * 51200) * 4);
+    assert_int_equal(gm.layer_inputs, 3 * N * C * f);
+    assert_int_equal(gm.bwd_scratch, 3 * N * C * f + N * f + 3 * N * I * f + N * C * f + 2 * N * q * f + 3 * N * kv * f);
+    assert_int_equal(gm.logits, 16 * 32 * f);
+    assert_int_equal(gm.misc, 5 * N * 4 + 2 * 8 * 8 * 4);
+    assert_int_equal(gm.workspace, (16 + 2 * 8 * 16) * 8);
+    assert_int_equal(gm.total, gm.chunk_bufs + gm.grad_bufs + gm.layer_inputs + gm.kept_acts + gm.bwd_scratch +
+                                   gm.logits + gm.misc + gm.workspace);
+    /* host: bf16 copy, master/m/v/accumulator, 2 ranks x 4 slots x the largest chunk, and (CPU
+     * backend) both workers' memory */
+    int64_t total = 2048 + 2 * 51200 + 2048;
+    assert_int_equal(hm.params16, total * 2);
+    assert_int_equal(hm.master, total * 16);
+    assert_int_equal(hm.grads, 2 * 4 * 51200 * 4);
+    assert_int_equal(hm.workers, 2 * gm.total);
+    assert_true(hm.ctl > 0 && hm.ctl < 4 << 20);
+    layout_free(&lay);
+
+    /* CUDA: bf16 weights and activations, allocations rounded to 256 bytes */
+    job.device = DEVICE_CUDA;
+    p.update_mode = UPDATE_DURING_BACKWARD;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(gm.chunk_bufs, 3 * 51200 * 2);
+    assert_int_equal(gm.layer_inputs, 3 * N * C * 2);
+    assert_int_equal(hm.params16, total * 2 * 2); /* the previous version is kept too */
+    assert_int_equal(hm.workers, 0);
+    layout_free(&lay);
+    /* summing micro-steps on the device: a gradient buffer per chunk besides the embedding's */
+    p.accumulate_on_device = 1;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(gm.grad_bufs, (2048 + 2 * 51200) * 4 + (51200 + 51200 + 2048) * 4);
+    layout_free(&lay);
+}
+
+static int choose(const struct job_config *job, const struct model_config *cfg, struct plan *p, struct plan_info *info)
+{
+    struct calib cal = test_calib();
+    return plan_choose(job, cfg, &cal, 8, p, info);
+}
+
+static int kept_of(const struct plan *p, int L)
+{
+    int k = 0;
+    for (int l = 0; l < L; l++)
+        k += p->keep_acts[l];
+    return k;
+}
+
+static void test_recompute_as_memory_shrinks(void **state)
+{
+    struct model_config cfg = medium();
+    struct job_config job = job_of(DEVICE_CUDA, 1, 4, 1024, 1);
+    job.layers_per_chunk = 1;
+    job.chunk_buffers = 3;
+    struct plan p;
+    struct plan_info info;
+    job.gpu_mem = (int64_t)200 << 30;
+    assert_int_equal(choose(&job, &cfg, &p, &info), 0);
+    assert_int_equal(kept_of(&p, 8), 8);
+    int64_t per = info.gpu.acts_per_layer, base = info.gpu.total - 8 * per;
+    printf("# medium model: %.3f GiB per kept layer, %.3f GiB without activations\n", per / 1073741824.0,
+           base / 1073741824.0);
+    /* k kept layers need base + k*per, plus one recompute set when k < 8 (so 7 cost as much as 8) */
+    for (int k = 6; k >= 0; k--) {
+        job.gpu_mem = base + (int64_t)(k + 1) * per + 4096;
+        assert_int_equal(choose(&job, &cfg, &p, &info), 0);
+        assert_int_equal(kept_of(&p, 8), k);
+        assert_true(p.gpu_bytes <= job.gpu_mem);
+        assert_true(p.predicted_recompute_s > 0);
+    }
+    /* below every layer recomputed: the error names the smallest budget */
+    job.gpu_mem = base + per - 4096;
+    assert_int_equal(choose(&job, &cfg, &p, &info), -1);
+    char need[64];
+    snprintf(need, sizeof need, "needs %.2f GiB", (double)(base + per) / 1073741824.0);
+    printf("# %s\n", sd_errmsg());
+    assert_non_null(strstr(sd_errmsg(), "no plan fits"));
+    assert_non_null(strstr(sd_errmsg(), need));
+    /* forcing every layer to keep its activations needs all of them */
+    job.act_policy = ACT_KEEP;
+    job.gpu_mem = base + 8 * per - 4096;
+    assert_int_equal(choose(&job, &cfg, &p, &info), -1);
+    assert_non_null(strstr(sd_errmsg(), "activations = keep"));
+}
+
+static void test_smallest_budget_fits(void **state)
+{
+    struct model_config cfg = medium();
+    struct job_config job = job_of(DEVICE_CUDA, 2, 4, 1024, 2);
+    struct plan p;
+    struct plan_info info;
+    job.gpu_mem = (int64_t)64 << 20;
+    assert_int_equal(choose(&job, &cfg, &p, &info), -1);
+    const char *msg = strstr(sd_errmsg(), "needs ");
+    assert_non_null(msg);
+    double gib = atof(msg + 6);
+    printf("# 64 MiB: %s\n", sd_errmsg());
+    /* the budget the message names (rounded up to its 2 decimals) fits, with every layer recomputed */
+    job.gpu_mem = (int64_t)((gib + 0.01) * 1073741824.0);
+    assert_int_equal(choose(&job, &cfg, &p, &info), 0);
+    assert_true(p.gpu_bytes <= job.gpu_mem);
+    assert_int_equal(kept_of(&p, 8), 0);
+    /* more memory never makes the plan slower */
+    double t_small = p.predicted_step_s;
+    job.gpu_mem = (int64_t)80 << 30;
+    assert_int_equal(choose(&job, &cfg, &p, &info), 0);
+    assert_true(p.predicted_step_s <= t_small);
+    assert_int_equal(kept_of(&p, 8), 8);
+}
+
+static void test_explicit_choices(void **state)
+{
+    struct model_config cfg = medium();
+    struct job_config job = job_of(DEVICE_CUDA, 2, 2, 512, 2);
+    job.layers_per_chunk = 2;
+    job.chunk_buffers = 4;
+    job.grad_slots = 3;
+    job.optim_procs = 2;
+    job.optim_threads = 3;
+    job.act_policy = ACT_RECOMPUTE;
+    job.update_mode = UPDATE_AFTER_BACKWARD;
+    job.accumulate_on_device = 1;
+    job.grad_clip = 0;
+    struct plan p;
+    assert_int_equal(choose(&job, &cfg, &p, NULL), 0);
+    assert_int_equal(p.accumulate_on_device, 1);
+    assert_int_equal(p.layers_per_chunk, 2);
+    assert_int_equal(p.chunk_buffers, 4);
+    assert_int_equal(p.grad_slots, 3);
+    assert_int_equal(p.optim_procs, 2);
+    assert_int_equal(p.optim_threads, 3);
+    assert_int_equal(kept_of(&p, 8), 0);
+    assert_int_equal(p.update_mode, UPDATE_AFTER_BACKWARD);
+    assert_int_equal(p.param_route, PARAMS_REPLICATED);
+    assert_int_equal(p.grad_route, GRADS_CPU);
+    assert_true(p.predicted_step_s > 0 && p.gpu_bytes > 0 && p.host_bytes > 0);
+
+    /* clipping rules out updating during the backward */
+    job = job_of(DEVICE_CUDA, 1, 2, 512, 1);
+    job.grad_clip = 1.0;
+    assert_int_equal(choose(&job, &cfg, &p, NULL), 0);
+    assert_int_equal(p.update_mode, UPDATE_AFTER_BACKWARD);
+    /* the chunk buffers never exceed the chunks */
+    job.layers_per_chunk = 1;
+    job.chunk_buffers = 1000;
+    assert_int_equal(choose(&job, &cfg, &p, NULL), 0);
+    assert_int_equal(p.chunk_buffers, 10);
+
+    const char *expect[] = {"chunk_buffers = 2", "grad_slots = 300", "optim_procs = 50", "during_backward",
+                            "param_route = sharded", "grad_route = gpu"};
+    for (int i = 0; i < 6; i++) {
+        job = job_of(DEVICE_CUDA, 2, 2, 512, 1);
+        switch (i) {
+        case 0: job.chunk_buffers = 2; break;
+        case 1: job.grad_slots = 300; break;
+        case 2: job.optim_procs = 50; break;
+        case 3: job.update_mode = UPDATE_DURING_BACKWARD; job.grad_clip = 1.0; break;
+        case 4: job.param_route = PARAMS_SHARDED; break;
+        case 5: job.grad_route = GRADS_GPU; break;
+        }
+        assert_int_equal(choose(&job, &cfg, &p, NULL), -1);
+        printf("# %s\n", sd_errmsg());
+        assert_non_null(strstr(sd_errmsg(), expect[i]));
+    }
+}
+
+static void test_bottleneck(void **state)
+{
+    struct model_config cfg = medium();
+    struct job_config job = job_of(DEVICE_CUDA, 1, 1, 512, 1);
+    job.layers_per_chunk = 1;
+    job.chunk_buffers = 3;
+    struct calib cal = test_calib();
+    struct plan p;
+    struct plan_info info;
+    /* a slow link, few tokens, weights streamed twice: the transfers bound the step; in the
+     * backward the weights and the gradients share the link (each at the bidirectional rate) */
+    cal.gpu.h2d_bw = cal.gpu.d2h_bw = cal.gpu.bidir_bw = 2e9;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, 8, &p, &info), 0);
+    printf("# slow link: step %.4f s, h2d %.4f s, d2h %.4f s, compute %.4f s, %s\n", p.predicted_step_s,
+           p.predicted_h2d_s, p.predicted_d2h_s, p.predicted_compute_s, plan_bottleneck_name(p.bottleneck));
+    assert_true(p.bottleneck == BOTTLENECK_H2D || p.bottleneck == BOTTLENECK_D2H);
+    assert_true(p.predicted_step_s >= fmax(p.predicted_d2h_s, p.predicted_h2d_s));
+    assert_true(fabs(p.predicted_d2h_s - info.pred.d2h_bytes / 2e9) < 1e-3 * p.predicted_d2h_s);
+
+    /* every chunk resident over 4 micro-steps, only host->device slow, a host with fast memory:
+     * the weights cross once and bound the step */
+    cal = test_calib();
+    cal.gpu.h2d_bw = 2e9;
+    for (int i = 0; i < 2; i++) {
+        cal.host.memcpy_bw.value[i] *= 10;
+        cal.host.adamw_rate.value[i] *= 10;
+    }
+    job = job_of(DEVICE_CUDA, 1, 1, 512, 4);
+    job.layers_per_chunk = 1;
+    job.chunk_buffers = 10;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, 8, &p, &info), 0);
+    printf("# slow weights: step %.4f s, h2d %.4f s, d2h %.4f s, compute %.4f s, %s\n", p.predicted_step_s,
+           p.predicted_h2d_s, p.predicted_d2h_s, p.predicted_compute_s, plan_bottleneck_name(p.bottleneck));
+    assert_int_equal(p.bottleneck, BOTTLENECK_H2D);
+    assert_true(fabs(info.pred.h2d_bytes - 2.0 * (double)model_config_num_params(&cfg)) <
+                0.01 * info.pred.h2d_bytes);
+    assert_true(fabs(p.predicted_h2d_s - info.pred.h2d_bytes / 2e9) < 1e-3 * p.predicted_h2d_s);
+    assert_true(p.predicted_step_s >= p.predicted_h2d_s);
+
+    /* many tokens on a fast link: compute bounds it; what shows beyond it is the embedding
+     * chunk's reduce and update (last in the backward, first in the forward, one optimizer
+     * process) and the gradient copies the worker waits for */
+    cal = test_calib();
+    job = job_of(DEVICE_CUDA, 1, 16, 4096, 4);
+    assert_int_equal(plan_choose(&job, &cfg, &cal, 8, &p, &info), 0);
+    printf("# compute bound: step %.4f s, compute %.4f s, %s\n", p.predicted_step_s, p.predicted_compute_s,
+           plan_bottleneck_name(p.bottleneck));
+    assert_int_equal(p.bottleneck, BOTTLENECK_COMPUTE);
+    assert_true(p.predicted_step_s >= p.predicted_compute_s && p.predicted_step_s < 1.5 * p.predicted_compute_s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layer_flops),
+        cmocka_unit_test(test_bytes_per_pass),
+        cmocka_unit_test(test_memory_footprint),
+        cmocka_unit_test(test_recompute_as_memory_shrinks),
+        cmocka_unit_test(test_smallest_budget_fits),
+        cmocka_unit_test(test_explicit_choices),
+        cmocka_unit_test(test_bottleneck),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
