@@ -16,6 +16,8 @@
 #include "common/data.h"
 #include "common/err.h"
 #include "common/hf.h"
+#include "common/layout.h"
+#include "common/model_config.h"
 #include "shm/ctl.h"
 #include "shm/futex.h"
 #include "worker/resident.h"
@@ -239,6 +241,63 @@ static void test_tiny_two_workers(void **state)
     backend_cpu_free(&be);
 }
 
+/* Trains a 12-layer copy of the tiny model, one layer per chunk (14 chunks), for a few steps with
+ * the given overrides; returns the exported fp32 weights in parameter order. */
+static float *train_deep(const char *tag, const char *overrides, struct layout *lay)
+{
+    char p[1300], *out = NULL;
+    snprintf(p, sizeof p, "%s/deep/model", dir);
+    tu_rmrf(p);
+    assert_int_equal(tu_sh(&out, "mkdir -p %s && sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 12/' %s/config.json > %s/config.json",
+                           p, tu_src("examples/tiny-qwen3"), p),
+                     0);
+    free(out);
+    snprintf(p, sizeof p, "%s/deep/model/config.json", dir);
+    struct model_config cfg;
+    assert_int_equal(model_config_load(p, &cfg), 0);
+    assert_int_equal(cfg.num_layers, 12);
+    assert_int_equal(layout_build(&cfg, 1, lay), 0);
+    int rc = tu_sh(&out,
+                   "%s --device cpu --gpus 2 %s/job.ini model.path=%s/deep/model train.steps=4 train.warmup=1 train.grad_accum=3 "
+                   "train.micro_batch=2 log.dir=%s/deep/%s checkpoint.dir=%s/deep/%s/ckpt checkpoint.export_dtype=fp32 "
+                   "data.val= runtime.layers_per_chunk=1 %s 2>&1",
+                   tu_bin("slidedp-launch"), dir, dir, dir, tag, dir, tag, overrides);
+    if (rc != 0)
+        fail_msg("slidedp-launch exited %d:\n%s", rc, out);
+    free(out);
+    snprintf(p, sizeof p, "%s/deep/%s/ckpt/final", dir, tag);
+    struct hf_weights w;
+    assert_int_equal(hf_weights_open(p, &w), 0);
+    float *params = calloc((size_t)lay->total_numel, sizeof(float));
+    assert_int_equal(hf_weights_load(&w, lay, params), 0);
+    hf_weights_close(&w);
+    return params;
+}
+
+/* Micro-steps summing their gradients on the device, with more chunks (hence more resident
+ * gradient buffers) than the tiny model has: the same training as summing on the host, up to the
+ * order of the fp32 sums. */
+static void test_on_device_accumulation_many_chunks(void **state)
+{
+    write_job("");
+    struct layout lay_host, lay_dev;
+    float *host = train_deep("host", "runtime.accumulate_on_device=false", &lay_host);
+    float *dev = train_deep("dev", "runtime.accumulate_on_device=true", &lay_dev);
+    assert_int_equal(lay_host.num_chunks, 14);
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < lay_host.total_numel; i++) {
+        diff += ((double)dev[i] - host[i]) * ((double)dev[i] - host[i]);
+        norm += (double)host[i] * host[i];
+    }
+    printf("# 12 layers in 14 chunks, gradients summed on the device vs on the host: final weights rel err %.2e\n",
+           sqrt(diff / norm));
+    assert_true(sqrt(diff / norm) < 1e-5);
+    free(host);
+    free(dev);
+    layout_free(&lay_host);
+    layout_free(&lay_dev);
+}
+
 static void test_bad_input_creates_nothing(void **state)
 {
     write_job("");
@@ -264,6 +323,7 @@ int main(void)
     snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "launch"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_two_workers),
+        cmocka_unit_test(test_on_device_accumulation_many_chunks),
         cmocka_unit_test(test_bad_input_creates_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -38,9 +38,6 @@ struct post {
 
 #define POST_QUEUE 512 /* more than the gradient slots (< RING_CAP) plus the marks between them */
 
-/* The device gradient buffers the model handed over, with the transfer slot of their last copy. */
-#define MAX_GRAD_BUFS 8
-
 struct worker {
     struct job_shm shm;
     struct ctl_header *ctl;
@@ -73,10 +70,13 @@ struct worker {
     struct post posts[POST_QUEUE];
     unsigned post_head, post_tail;
     bool post_busy;
-    struct {
+    /* The device gradient buffers the model handed over (one per chunk at most), with the
+     * transfer slot of their last copy. */
+    struct grad_buf {
         float *buf;
         int slot;
-    } grad_bufs[MAX_GRAD_BUFS];
+    } *grad_bufs;
+    int num_grad_bufs;
 
     struct data_set train, val;
     bool have_val;
@@ -257,7 +257,7 @@ static void post_drain(struct worker *w)
 static void remember_grad_buf(struct worker *w, float *buf, int slot)
 {
     int free_i = -1;
-    for (int i = 0; i < MAX_GRAD_BUFS; i++) {
+    for (int i = 0; i < w->num_grad_bufs; i++) {
         if (w->grad_bufs[i].buf == buf) {
             w->grad_bufs[i].slot = slot;
             return;
@@ -274,7 +274,7 @@ static void remember_grad_buf(struct worker *w, float *buf, int slot)
 static void io_grads_reuse(void *ctx, float *grad)
 {
     struct worker *w = ctx;
-    for (int i = 0; i < MAX_GRAD_BUFS; i++)
+    for (int i = 0; i < w->num_grad_bufs; i++)
         if (w->grad_bufs[i].buf == grad)
             w->be.ops->wait_grads_device(&w->be, w->grad_bufs[i].slot);
 }
@@ -636,9 +636,11 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     if (w->have_val && data_open(h->job.data_val, w->T, 0, false, h->job.seed, &w->val) != 0)
         return -1;
 
+    w->num_grad_bufs = h->num_chunks + 2; /* resident per-chunk buffers, or two alternating ones */
+    w->grad_bufs = calloc((size_t)w->num_grad_bufs, sizeof *w->grad_bufs);
     w->cache_size = h->plan.chunk_buffers;
     w->cache = calloc((size_t)w->cache_size, sizeof *w->cache);
-    if (!w->cache)
+    if (!w->cache || !w->grad_bufs)
         return sd_err("out of memory");
     size_t wbytes = (size_t)h->max_chunk_numel * be_dtype_size(w->be.weight_dtype);
     for (int i = 0; i < w->cache_size; i++) {
