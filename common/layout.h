@@ -83,6 +83,14 @@ void layout_free(struct layout *l);
 /* Index of the tensor of the given kind in a layer (layer -1 for global tensors), or -1. */
 int layout_find(const struct tensor_desc *tensors, int num_tensors, int kind, int layer);
 int layout_find_name(const struct tensor_desc *tensors, int num_tensors, const char *name);
+/* Where rank r's shard of a chunk of n elements begins when G ranks split it (sharded parameters,
+ * GPU-side gradients; DESIGN §6): n*r/G rounded down to 64 elements; shard r is
+ * [layout_shard_begin(n, G, r), layout_shard_begin(n, G, r + 1)). */
+static inline int64_t layout_shard_begin(int64_t n, int G, int r)
+{
+    return r >= G ? n : (n * r / G) & ~(int64_t)63;
+}
+
 /* Chunk that holds decoder layer l. */
 int layout_chunk_of_layer(const struct chunk_desc *chunks, int num_chunks, int layer);
 

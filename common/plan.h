@@ -5,7 +5,10 @@
 #ifndef SD_PLAN_H
 #define SD_PLAN_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "common/job.h"
 
 #define PLAN_MAX_LAYERS 1024
 
@@ -41,5 +44,11 @@ struct plan {
     int bottleneck;         /* enum plan_bottleneck */
     int64_t gpu_budget;     /* per GPU bytes the plan was fitted into; 0: the host's memory (CPU backend) */
 };
+
+/* Whether the workers exchange shards through each other's device memory (DESIGN §6). */
+static inline bool plan_uses_exchange(const struct plan *p, int gpus)
+{
+    return gpus > 1 && (p->param_route == PARAMS_SHARDED || p->grad_route == GRADS_GPU);
+}
 
 #endif

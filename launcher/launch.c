@@ -42,6 +42,7 @@ struct child {
     int kind;  /* enum proc_kind */
     int index;
     bool running, restart_pending;
+    bool gang;                   /* killed because another worker died (exchange routes) */
     int failures;                /* deaths since a step last committed */
     uint32_t committed_at_death; /* committed step when it last died */
 };
@@ -66,6 +67,7 @@ struct sup {
     bool fatal_at_start; /* a process could not start: bad input, exit 2 */
     char metrics_path[JOB_PATH_MAX + 32];
     int pending_restarts;
+    int gang_dying;    /* workers killed for a gang restart that have not exited yet */
     char bin_dir[PATH_MAX];
     char **child_env;
     int gpu_count;
@@ -86,6 +88,8 @@ static void wake_everyone(struct ctl_header *h)
     futex_wake_all(&h->ckpt_done_step);
     for (int c = 0; c < h->num_chunks; c++)
         futex_wake_all(&ctl_chunk_state(h, c)->version);
+    for (int r = 0; r < h->gpus; r++)
+        futex_wake_all(&ctl_xchg(h, r)->bell);
 }
 
 static void kill_all(struct sup *s, int sig)
@@ -416,10 +420,16 @@ static void maybe_finish(struct sup *s)
         finish(s);
 }
 
+#define GANG_WAIT_MS 20
+
 static void on_restart_timer(uv_timer_t *t)
 {
     struct child *c = t->data;
     struct sup *s = c->sup;
+    if (c->kind == PROC_WORKER && s->gang_dying > 0 && s->state == SUP_RUN) {
+        uv_timer_start(&c->restart_timer, on_restart_timer, GANG_WAIT_MS, 0); /* the gang is still going down */
+        return;
+    }
     c->restart_pending = false;
     s->pending_restarts--;
     if (s->state == SUP_RUN && spawn_child(s, c) != 0) {
@@ -429,6 +439,43 @@ static void on_restart_timer(uv_timer_t *t)
     maybe_finish(s);
 }
 
+/* Repairs what a dead process held, fences it out, and starts it again after delay_ms. */
+static void schedule_restart(struct sup *s, struct child *c, int delay_ms)
+{
+    struct proc_slot *slot = ctl_proc(s->h, c->kind, c->index);
+    if (c->kind == PROC_WORKER)
+        ctl_repair_slots(s->h, c->index);
+    atomic_fetch_add(&slot->generation, 1);
+    atomic_fetch_add(&slot->restarts, 1);
+    c->restart_pending = true;
+    s->pending_restarts++;
+    uv_timer_start(&c->restart_timer, on_restart_timer, (uint64_t)delay_ms, 0);
+}
+
+/* Workers that exchange shards through each other's device memory cannot go on without a peer:
+ * when one dies, all are killed and started again together once every one has exited, and the
+ * exchange restarts at the first uncommitted step (each redoes that step; what already reached
+ * the optimizers is not sent again). Called after the dead worker's restart is scheduled. */
+static void restart_gang(struct sup *s, const struct child *dead)
+{
+    for (int i = 0; i < s->num_children; i++) {
+        struct child *c = &s->children[i];
+        if (c->kind != PROC_WORKER || c == dead || c->restart_pending)
+            continue;
+        if (c->running) {
+            if (!c->gang) {
+                c->gang = true;
+                s->gang_dying++;
+                uv_process_kill(&c->proc, SIGKILL);
+            }
+        } else {
+            schedule_restart(s, c, RESTART_BACKOFF_MS); /* it had finished; its peers need it again */
+        }
+    }
+    if (s->gang_dying == 0)
+        ctl_xchg_reset(s->h, ctl_committed_step(s->h));
+}
+
 /* A process died while training: repair what it held, fence it out, and start it again after a
  * backoff; or, when it keeps dying without the job making progress, stop the job. */
 static void handle_crash(struct sup *s, struct child *c)
@@ -436,10 +483,6 @@ static void handle_crash(struct sup *s, struct child *c)
     struct ctl_header *h = s->h;
     struct proc_slot *slot = ctl_proc(h, c->kind, c->index);
     const char *what = c->kind == PROC_WORKER ? "worker" : "optimizer";
-    if (c->kind == PROC_WORKER)
-        ctl_repair_slots(h, c->index);
-    atomic_fetch_add(&slot->generation, 1);
-    atomic_fetch_add(&slot->restarts, 1);
     uint32_t committed = ctl_committed_step(h);
     c->failures = c->failures == 0 || committed > c->committed_at_death ? 1 : c->failures + 1;
     c->committed_at_death = committed;
@@ -451,11 +494,11 @@ static void handle_crash(struct sup *s, struct child *c)
         return;
     }
     int delay = RESTART_BACKOFF_MS << (c->failures - 1);
-    fprintf(stderr, "slidedp-launch: restarting %s %d in %d ms (restart %u)\n", what, c->index, delay,
-            atomic_load(&slot->restarts));
-    c->restart_pending = true;
-    s->pending_restarts++;
-    uv_timer_start(&c->restart_timer, on_restart_timer, (uint64_t)delay, 0);
+    fprintf(stderr, "slidedp-launch: restarting %s %d in %d ms (restart %u)%s\n", what, c->index, delay,
+            atomic_load(&slot->restarts) + 1, c->kind == PROC_WORKER && h->exchange ? " with every worker" : "");
+    schedule_restart(s, c, delay);
+    if (c->kind == PROC_WORKER && h->exchange)
+        restart_gang(s, c);
 }
 
 static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
@@ -469,6 +512,17 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
     uv_close((uv_handle_t *)proc, NULL);
     const char *what = c->kind == PROC_WORKER ? "worker" : "optimizer";
     bool clean = status == 0 && term_signal == 0;
+    if (c->gang) {
+        c->gang = false;
+        if (--s->gang_dying == 0)
+            ctl_xchg_reset(s->h, ctl_committed_step(s->h)); /* every worker is down: none reads the words */
+        if (s->state == SUP_RUN) {
+            schedule_restart(s, c, RESTART_BACKOFF_MS);
+            maybe_finish(s);
+            return;
+        }
+        clean = true; /* killed by us; nothing to report */
+    }
     if (!clean && s->state != SUP_FAILED) {
         if (term_signal)
             fprintf(stderr, "slidedp-launch: %s %d died from signal %d\n", what, c->index, term_signal);
@@ -483,6 +537,10 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
         }
         else if (s->state == SUP_RUN)
             handle_crash(s, c);
+        else if (c->kind == PROC_WORKER && s->h->exchange && s->state == SUP_STOPPING) {
+            atomic_store(&s->h->stop, STOP_WORKERS_NOW); /* its peers cannot finish the step without it */
+            wake_everyone(s->h);
+        }
         else if (c->kind == PROC_OPTIM && s->state != SUP_FINISHING)
             transition(s, SUP_FAILED); /* nobody is left to finish its chunks */
     }

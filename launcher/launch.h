@@ -25,6 +25,7 @@ struct job_state {
     bool adopted;       /* the state was left by a launcher that died; we continue it */
     uint32_t resumed_step; /* the disk checkpoint the state was loaded from (0: none) */
     uint64_t job_hash;
+    uint64_t window_shm_bytes; /* per rank exchange window in the grads region (CPU backend) */
 };
 
 /* Validates the job (model config, data, plan, host memory) and creates and initialises the shared

@@ -273,6 +273,8 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->first_step = (int32_t)st->resumed_step + 1;
     h->job_hash = st->job_hash;
     h->keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
+    h->exchange = plan_uses_exchange(&st->plan, st->job.gpus);
+    h->window_shm_bytes = st->window_shm_bytes;
     h->ckpt_every = (uint32_t)st->job.ckpt_every;
     h->total_numel = st->lay.total_numel;
     h->max_chunk_numel = st->lay.max_chunk_numel;
@@ -289,6 +291,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->off_procs = sz->off_procs;
     h->off_steps = sz->off_steps;
     h->off_journals = sz->off_journals;
+    h->off_xchg = sz->off_xchg;
     h->size = sz->ctl_bytes;
     h->created_ns = clock_ns();
     atomic_store(&h->launcher_pid, (int32_t)getpid());
@@ -316,6 +319,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     }
     atomic_store(&h->metrics_step, st->resumed_step);
     atomic_store(&h->ckpt_done_step, st->resumed_step);
+    ctl_xchg_reset(h, st->resumed_step);
 }
 
 static void map_views(struct job_state *st)
@@ -366,6 +370,7 @@ void state_replace_orphans(struct job_state *st)
     }
     for (int r = 0; r < h->gpus; r++)
         ctl_repair_slots(h, r);
+    ctl_xchg_reset(h, ctl_committed_step(h)); /* every worker starts again at the first uncommitted step */
     atomic_store(&h->launcher_pid, (int32_t)getpid());
     atomic_store(&h->stop, STOP_NONE);
     atomic_store(&h->stop_step, 0);
@@ -396,9 +401,14 @@ int state_create(struct job_state *st)
         return -1;
     struct ctl_sizes sz;
     bool keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
+    /* The CPU backend's exchange windows (fp32 weights) live in the grads region; GPUs export theirs. */
+    uint64_t window_shm = plan_uses_exchange(&st->plan, job->gpus) && job->device == DEVICE_CPU
+                              ? ctl_window_bytes(st->lay.max_chunk_numel, job->gpus, 4)
+                              : 0;
     int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
-                               st->lay.num_tensors,
-                               st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel, keep_prev, &sz);
+                               st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
+                               keep_prev, window_shm, &sz);
+    st->window_shm_bytes = window_shm;
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);
     int existing = rc == 0 ? check_existing_state(st) : -1;

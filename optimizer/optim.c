@@ -56,6 +56,7 @@ struct optim {
     int *chunks; /* owned, ascending */
     int num_chunks;
     uint32_t total_micro;
+    bool shard_grads; /* GPU-side gradients: each rank sends the step's sum of its shard, once */
     enum adamw_isa isa;
 
     /* threads: lane 0 is the main thread; the others run `job` between two barriers */
@@ -123,6 +124,12 @@ static uint32_t reduce_blocks(const struct chunk_desc *ch)
     return (uint32_t)((ch->numel + JOURNAL_BLOCK - 1) / JOURNAL_BLOCK);
 }
 
+/* The blocks of the elements a descriptor's slot holds (the whole chunk, or a rank's shard). */
+static uint32_t desc_blocks(const struct chunk_desc_msg *d)
+{
+    return (uint32_t)((d->elem_count + JOURNAL_BLOCK - 1) / JOURNAL_BLOCK);
+}
+
 /* Copies a lane's journaled staging block into place (idempotent: a restart repeats it). */
 static void journal_apply(struct optim *o, struct lane *l)
 {
@@ -182,15 +189,17 @@ static void reduce_lane(struct optim *o, int t)
     struct chunk_state *cs = ctl_chunk_state(o->ctl, (int)d->chunk);
     struct lane *l = &o->lanes[t];
     const float *src = job_grad_slot(&o->shm, d->rank, d->slot);
-    uint32_t nb = reduce_blocks(ch), end = lane_begin(nb, o->threads, t + 1);
+    /* a shard of a GPU-side sum is the only contribution to its elements */
+    bool first = d->micro == 0 || o->shard_grads;
+    size_t base = (size_t)ch->offset + (size_t)d->elem_begin, count = (size_t)d->elem_count;
+    uint32_t nb = desc_blocks(d), end = lane_begin(nb, o->threads, t + 1);
     for (uint32_t b = atomic_load_explicit(&cs->red_done[t], memory_order_acquire); b < end; b++) {
-        size_t i = (size_t)b * JOURNAL_BLOCK, n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i
-                                                                                          : JOURNAL_BLOCK;
-        if (d->micro == 0)
+        size_t i = (size_t)b * JOURNAL_BLOCK, n = count - i < JOURNAL_BLOCK ? count - i : JOURNAL_BLOCK;
+        if (first)
             memcpy(l->stage_p, src + i, n * sizeof(float));
         else
-            grad_add_to(l->stage_p, o->shm.grad_acc + ch->offset + i, src + i, n);
-        journal_commit(o, l, JOURNAL_REDUCE, d->chunk, d->step, d->micro, b, (size_t)ch->offset + i, n);
+            grad_add_to(l->stage_p, o->shm.grad_acc + base + i, src + i, n);
+        journal_commit(o, l, JOURNAL_REDUCE, d->chunk, d->step, d->micro, b, base + i, n);
         atomic_store_explicit(&cs->red_done[t], b + 1, memory_order_release);
         journal_clear(l);
     }
@@ -221,7 +230,7 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     if (atomic_load_explicit(&cs->red_key, memory_order_acquire) != key) {
         /* progress first: a crash between these stores leaves a stale key and fresh progress */
         for (int t = 0; t < o->threads; t++)
-            atomic_store_explicit(&cs->red_done[t], lane_begin(reduce_blocks(ch), o->threads, t),
+            atomic_store_explicit(&cs->red_done[t], lane_begin(desc_blocks(d), o->threads, t),
                                   memory_order_release);
         atomic_store_explicit(&cs->red_key, key, memory_order_release);
     }
@@ -513,7 +522,8 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
         l->stage_p16 = (uint16_t *)(l->stage_v + JOURNAL_BLOCK);
     }
     /* one gradient per rank and micro-step, or per rank when micro-steps sum on the device */
-    o->total_micro = (uint32_t)(h->gpus * (h->plan.accumulate_on_device ? 1 : h->job.grad_accum));
+    o->shard_grads = h->plan.grad_route == GRADS_GPU && h->gpus > 1;
+    o->total_micro = (uint32_t)(h->gpus * (h->plan.accumulate_on_device || o->shard_grads ? 1 : h->job.grad_accum));
     o->isa = adamw_isa_detect();
     snprintf(o->slot->device_name, sizeof o->slot->device_name, "cpu %s x%d", adamw_isa_name(o->isa), o->threads);
     o->chunks = malloc(sizeof(int) * (size_t)h->num_chunks);

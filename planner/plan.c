@@ -239,7 +239,7 @@ static int accumulate_candidates(const struct job_config *job, int *out)
         return 1;
     }
     out[0] = 0;
-    if (job->device != DEVICE_CUDA || job->grad_accum < 2)
+    if (job->device != DEVICE_CUDA || job->grad_accum < 2 || (job->grad_route == GRADS_GPU && job->gpus > 1))
         return 1;
     out[1] = 1;
     return 2;
@@ -422,10 +422,9 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     if (job->update_mode == UPDATE_DURING_BACKWARD && job->grad_clip > 0)
         return sd_err("[runtime] update_mode = during_backward needs train.grad_clip = 0 (clipping needs the global "
                       "norm before any update)");
-    if (job->param_route == PARAMS_SHARDED)
-        return sd_err("[runtime] param_route = sharded is not available yet; use replicated");
-    if (job->grad_route == GRADS_GPU)
-        return sd_err("[runtime] grad_route = gpu is not available yet; use cpu");
+    if (job->grad_route == GRADS_GPU && job->accumulate_on_device == 1)
+        return sd_err("[runtime] accumulate_on_device = true cannot go with grad_route = gpu (the GPU-side "
+                      "gradient shards already sum the micro-steps)");
 
     bool cpu = job->device == DEVICE_CPU;
     struct search S = {.job = job, .cfg = cfg, .cal = cal, .host_cpus = host_cpus, .min_need = INT64_MAX};
@@ -439,8 +438,8 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         .grad_slots = job->grad_slots > 0 ? job->grad_slots : 4,
         .optim_procs = job->optim_procs > 0 ? job->optim_procs : imin(CTL_MAX_OPTIM, imax(1, host_cpus - job->gpus)),
         .optim_threads = job->optim_threads > 0 ? job->optim_threads : 1,
-        .param_route = PARAMS_REPLICATED,
-        .grad_route = GRADS_CPU,
+        .param_route = job->param_route == PARAMS_SHARDED && job->gpus > 1 ? PARAMS_SHARDED : PARAMS_REPLICATED,
+        .grad_route = job->grad_route == GRADS_GPU && job->gpus > 1 ? GRADS_GPU : GRADS_CPU,
     };
     /* about 64 MiB of logits at a time, as worker/model.c chooses */
     int64_t N = (int64_t)job->micro_batch * job->seq_len;

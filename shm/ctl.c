@@ -34,7 +34,8 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
 }
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
-                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, struct ctl_sizes *out)
+                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, uint64_t window_shm_bytes,
+                      struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
     if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
@@ -49,7 +50,8 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
               place(&c, &out->off_doorbells, (uint64_t)optim_procs, sizeof(struct doorbell)) &&
               place(&c, &out->off_procs, (uint64_t)(gpus + optim_procs), sizeof(struct proc_slot)) &&
               place(&c, &out->off_steps, CTL_STEP_RECORDS, sizeof(struct step_record)) &&
-              place(&c, &out->off_journals, (uint64_t)optim_procs * (uint64_t)optim_threads, sizeof(struct journal));
+              place(&c, &out->off_journals, (uint64_t)optim_procs * (uint64_t)optim_threads, sizeof(struct journal)) &&
+              place(&c, &out->off_xchg, (uint64_t)gpus, sizeof(struct xchg_rank));
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
     uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2) * 4;
@@ -57,9 +59,51 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
          mul_ok((uint64_t)total_numel, 16, &out->master_bytes) && add_ok(&out->master_bytes, staging) &&
          mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems) &&
          mul_ok(grads_elems, 4, &out->grads_bytes);
+    uint64_t windows;
+    ok = ok && mul_ok((uint64_t)gpus, window_shm_bytes, &windows) && add_ok(&out->grads_bytes, windows);
     if (!ok)
         return sd_err("job state size overflows");
     return 0;
+}
+
+static uint64_t param_shard_capacity(int64_t max_chunk_numel, int gpus)
+{
+    int64_t most = 0;
+    for (int r = 0; r < gpus; r++) {
+        int64_t n = layout_shard_begin(max_chunk_numel, gpus, r + 1) - layout_shard_begin(max_chunk_numel, gpus, r);
+        most = n > most ? n : most;
+    }
+    return ((uint64_t)most + 63) & ~(uint64_t)63;
+}
+
+uint64_t ctl_window_grad_slot(int64_t max_chunk_numel, int slot)
+{
+    return (uint64_t)slot * (uint64_t)max_chunk_numel * 4;
+}
+
+uint64_t ctl_window_param_slot(int64_t max_chunk_numel, int gpus, int weight_size, int slot)
+{
+    return ctl_window_grad_slot(max_chunk_numel, XCHG_SLOTS) +
+           (uint64_t)slot * param_shard_capacity(max_chunk_numel, gpus) * (uint64_t)weight_size;
+}
+
+uint64_t ctl_window_bytes(int64_t max_chunk_numel, int gpus, int weight_size)
+{
+    return ctl_window_param_slot(max_chunk_numel, gpus, weight_size, XCHG_SLOTS);
+}
+
+void ctl_xchg_reset(struct ctl_header *h, uint32_t committed)
+{
+    for (int r = 0; r < h->gpus; r++) {
+        struct xchg_rank *x = ctl_xchg(h, r);
+        uint64_t p = xchg_param_key(h, committed, 0), g = xchg_grad_key(h, committed + 1, 0, h->num_chunks - 1);
+        atomic_store(&x->param_staged, p);
+        atomic_store(&x->param_gathered, p);
+        atomic_store(&x->grad_published, g);
+        atomic_store(&x->grad_reduced, g);
+        atomic_store(&x->window_generation, 0);
+        atomic_fetch_add(&x->bell, 1);
+    }
 }
 
 void ctl_repair_slots(struct ctl_header *h, int rank)

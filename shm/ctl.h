@@ -20,7 +20,7 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 2
+#define CTL_VERSION 3
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -49,6 +49,7 @@ enum proc_phase {
     PHASE_WAIT_NORM,
     PHASE_UPDATE,
     PHASE_DONE,
+    PHASE_WAIT_PEERS, /* a worker waits for other workers' shards (exchange routes) */
     PHASE_COUNT
 };
 
@@ -68,6 +69,7 @@ struct proc_slot {
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t wait_ns;
     _Atomic uint64_t items;      /* micro-steps (workers), chunk updates (optimizers) */
+    _Atomic uint64_t bytes_peer; /* bytes read from other workers' device memory (exchange routes) */
     /* set once at start-up by the process */
     char device_name[64];        /* e.g. "NVIDIA H200" or "cpu" */
     double peak_flops;           /* dense bf16 (GPU) or an estimate (CPU); 0 when unknown */
@@ -161,6 +163,25 @@ struct loss_progress {
     double sum;
 };
 
+/* The exchange between workers' device memory (sharded parameters, GPU-side gradients; DESIGN
+ * §6). Each worker owns a window of device memory its peers read (CUDA IPC on GPUs; the grads
+ * region on the CPU backend): XCHG_SLOTS parameter-shard slots and XCHG_SLOTS gradient slots.
+ * Every rank walks the same two key sequences in the same order, one key per (version, chunk) of
+ * the parameters (xchg_param_key) and per (step, micro-step, chunk) of the gradients
+ * (xchg_grad_key); key k uses slot k % XCHG_SLOTS of every window. Each word below holds 1 + the
+ * last key its rank finished that stage of, so a rank may refill a slot once every rank has
+ * finished reading what the slot held. */
+#define XCHG_SLOTS 2
+struct xchg_rank {
+    alignas(64) _Atomic uint32_t bell;     /* bumped after any word below changes (futex) */
+    _Atomic uint64_t param_staged;         /* its own shard of the key's chunk is in its window */
+    _Atomic uint64_t param_gathered;       /* it copied every rank's shard of the key */
+    _Atomic uint64_t grad_published;       /* its whole gradient of the key is in its window */
+    _Atomic uint64_t grad_reduced;         /* it summed its shard of every rank's gradient of the key */
+    _Atomic uint32_t window_generation;    /* the worker generation whose window handle is below; 0: none */
+    uint8_t window_handle[64];             /* cudaIpcMemHandle_t of the window (CUDA backend) */
+};
+
 struct step_record {
     alignas(64) _Atomic uint32_t step;         /* the step this record holds */
     _Atomic uint32_t norm_written;             /* grad_norm, lr and clip_coef are set */
@@ -199,11 +220,13 @@ struct ctl_header {
     int64_t total_numel, max_chunk_numel, num_params;
     uint64_t params16_bytes, master_bytes, grads_bytes;
     bool keep_prev;                 /* params16 holds a second "prev" copy (update during backward) */
+    bool exchange;                  /* workers exchange shards through each other's device memory */
+    uint64_t window_shm_bytes;      /* per rank: its window in the grads region (CPU backend); 0 on GPUs */
     uint32_t ckpt_every;            /* optimizers hold step S+1's updates until checkpoint S is written */
 
     /* offsets from the start of the region */
     uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps,
-        off_journals;
+        off_journals, off_xchg;
     uint64_t size;
 
     struct job_stats stats;
@@ -218,17 +241,29 @@ struct ctl_header {
 /* Region sizes and offsets for a job shape; overflow-checked. */
 struct ctl_sizes {
     uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps,
-        off_journals;
+        off_journals, off_xchg;
     uint64_t ctl_bytes, params16_bytes, master_bytes, grads_bytes;
 };
-/* keep_prev: params16 gets a second copy for updates during the backward. */
+/* keep_prev: params16 gets a second copy for updates during the backward. window_shm_bytes: each
+ * rank's exchange window kept in the grads region (CPU backend), 0 for none. */
 /* Frees the host gradient slots of a dead worker that no descriptor refers to: slots it was
  * filling, and filled slots whose descriptor never reached a ring. Call only after the rank's
  * process has exited. */
 void ctl_repair_slots(struct ctl_header *h, int rank);
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
-                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, struct ctl_sizes *out);
+                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, uint64_t window_shm_bytes,
+                      struct ctl_sizes *out);
+
+/* Bytes of one rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk (fp32) and
+ * XCHG_SLOTS parameter-shard slots of weight_size-byte elements. */
+uint64_t ctl_window_bytes(int64_t max_chunk_numel, int gpus, int weight_size);
+/* Byte offsets of the slots inside a window. */
+uint64_t ctl_window_grad_slot(int64_t max_chunk_numel, int slot);
+uint64_t ctl_window_param_slot(int64_t max_chunk_numel, int gpus, int weight_size, int slot);
+/* Puts the exchange back at the start of step committed + 1 with no windows published (while no
+ * worker runs). */
+void ctl_xchg_reset(struct ctl_header *h, uint32_t committed);
 
 /* Names of the job's shm objects: "/slidedp.<job>.<what>". */
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len);
@@ -273,6 +308,22 @@ static inline struct journal *ctl_journal(struct ctl_header *h, int optim, int t
     return (struct journal *)((char *)h + h->off_journals) + (size_t)optim * (size_t)h->plan.optim_threads +
            (size_t)thread;
 }
+static inline struct xchg_rank *ctl_xchg(struct ctl_header *h, int rank)
+{
+    return (struct xchg_rank *)((char *)h + h->off_xchg) + rank;
+}
+/* Parameters: chunk c at version v, in the order every pass first reads them. */
+static inline uint64_t xchg_param_key(const struct ctl_header *h, uint32_t version, int c)
+{
+    return (uint64_t)version * (uint64_t)h->num_chunks + (uint64_t)c;
+}
+/* Gradients: chunk c of micro-step a of step s, in the backward's order (last chunk first). */
+static inline uint64_t xchg_grad_key(const struct ctl_header *h, uint32_t step, uint32_t a, int c)
+{
+    return ((uint64_t)step * (uint64_t)h->job.grad_accum + a) * (uint64_t)h->num_chunks +
+           (uint64_t)(h->num_chunks - 1 - c);
+}
+
 /* The lowest published chunk version: every step up to it is committed. */
 static inline uint32_t ctl_committed_step(struct ctl_header *h)
 {
@@ -305,6 +356,14 @@ static inline float *job_staging(struct job_shm *s, int optim, int thread)
 {
     size_t lane = (size_t)optim * (size_t)s->ctl->plan.optim_threads + (size_t)thread;
     return s->staging + lane * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2);
+}
+
+/* Rank r's exchange window in the grads region (CPU backend), after every rank's gradient slots. */
+static inline void *job_shm_window(struct job_shm *s, int rank)
+{
+    struct ctl_header *h = s->ctl;
+    return (char *)s->grads + (size_t)h->gpus * (size_t)h->grad_slots * (size_t)h->max_chunk_numel * 4 +
+           (size_t)rank * (size_t)h->window_shm_bytes;
 }
 
 static inline float *job_grad_slot(struct job_shm *s, int rank, int slot)

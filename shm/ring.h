@@ -14,7 +14,8 @@
 
 enum desc_kind { DESC_GRAD = 1 };
 
-/* A chunk's gradient for one micro-batch, waiting in a host gradient slot. */
+/* A chunk's gradient for one micro-batch (or, with GPU-side gradients, rank r's shard of the
+ * chunk's gradient summed over the step), waiting in a host gradient slot. */
 struct chunk_desc_msg {
     uint32_t chunk;
     uint32_t step;
@@ -24,6 +25,8 @@ struct chunk_desc_msg {
     uint32_t generation; /* the producer's generation */
     uint32_t seq;        /* fill sequence of the slot (shm/ctl.h slot_state) */
     uint32_t kind;       /* enum desc_kind */
+    uint64_t elem_begin; /* the elements of the chunk the slot holds: [elem_begin, elem_begin + elem_count) */
+    uint64_t elem_count;
     uint64_t bytes;
 };
 

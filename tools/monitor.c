@@ -30,6 +30,7 @@ static const char *const phase_names[] = {
     [PHASE_WAIT_NORM] = "wait-norm",
     [PHASE_UPDATE] = "update",
     [PHASE_DONE] = "done",
+    [PHASE_WAIT_PEERS] = "wait-peers",
 };
 _Static_assert(sizeof phase_names / sizeof phase_names[0] == PHASE_COUNT, "a phase has no name");
 

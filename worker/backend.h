@@ -68,6 +68,17 @@ struct backend_ops {
      * source, so that buffer may be overwritten. */
     void (*wait_grads_device)(struct backend *be, int slot);
 
+    /* ---- exchange between workers (DESIGN §6) ---- */
+    /* Device memory other processes can map, named by the 64 bytes written to *handle (CUDA IPC).
+     * NULL on a backend whose exchange windows live in shared host memory (CPU). */
+    void *(*alloc_exported)(struct backend *be, size_t bytes, void *handle);
+    /* Maps memory another process exported (alloc_exported); NULL + sd_err on failure. */
+    void *(*open_peer)(struct backend *be, const void *handle);
+    /* dst = src (bytes), device to device, src possibly a peer's memory; on the compute stream. */
+    void (*copy_device)(struct backend *be, void *dst, const void *src, size_t bytes);
+    /* acc(n) += src(n) in fp32, each element one IEEE add (the optimizer's sum, bit for bit). */
+    void (*add_f32)(struct backend *be, float *acc, const float *src, size_t n);
+
     /* ---- ops ---- */
     /* out(N,C) = wte[tokens[i]] */
     void (*embedding_fwd)(struct backend *be, void *out, const int32_t *tokens, const void *wte, int N, int C);

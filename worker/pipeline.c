@@ -1,9 +1,14 @@
 /* The worker process's step loop and its streaming model_io (see pipeline.h). One chunk cache of
  * device buffers holds (chunk, version) pairs, so when the plan gives enough buffers the weights
- * stay resident across micro-steps and each step streams every chunk once. */
+ * stay resident across micro-steps and each step streams every chunk once. With G > 1 the routes
+ * of DESIGN §6 apply: parameters replicated (every rank copies each chunk from the host) or
+ * sharded (each rank copies its 1/G into its exchange window and gathers the rest from its peers'
+ * windows), gradients reduced on the CPU (every rank sends each chunk) or on the GPUs (each rank
+ * sums its 1/G of every rank's gradient, in rank order, over the step, and sends that). */
 #include "pipeline.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,6 +37,7 @@ struct post {
     int chunk;
     int slot;
     uint32_t seq, step, micro;
+    int64_t elem_begin, elem_count; /* the elements of the chunk the slot holds */
     uint32_t posted;    /* mark: micro-steps of `step` whose gradients are now all posted */
     bool step_done;     /* mark: the rank's part of `step` is complete */
 };
@@ -60,7 +66,7 @@ struct worker {
     /* After a restart, the micro-batch the previous incarnation may have partly posted: its
      * chunks that already reached the optimizer are not posted again. */
     bool recovering;
-    uint32_t recover_step, recover_micro;
+    uint32_t recover_step;
 
     /* The poster thread waits for each gradient copy to land, then posts its descriptor, so the
      * main thread keeps queueing compute meanwhile. FIFO: marks follow the posts they cover. */
@@ -77,6 +83,12 @@ struct worker {
         int slot;
     } *grad_bufs;
     int num_grad_bufs;
+
+    /* The exchange between workers (shm/ctl.h struct xchg_rank). */
+    bool sharded_params, gpu_grads;
+    void *window[JOB_MAX_GPUS];  /* every rank's exchange window, as this process addresses it */
+    uint64_t next_param_key;     /* the next parameter key this rank takes part in */
+    float **grad_shard;          /* per chunk: this rank's shard of the step's gradient sum */
 
     struct data_set train, val;
     bool have_val;
@@ -200,17 +212,153 @@ static void recheck_torn(struct worker *w, struct cache_entry *e, int c, const u
         cache_fill(w, e, c, wait_version(w, c));
 }
 
+/* ---- the exchange ---- */
+
+static struct xchg_rank *xchg_of(struct worker *w, int r)
+{
+    return ctl_xchg(w->ctl, r);
+}
+
+/* Sets one of this rank's exchange words (1 + the key just finished) and wakes its waiters. */
+static void xchg_publish(struct worker *w, _Atomic uint64_t *word, uint64_t done)
+{
+    struct xchg_rank *x = xchg_of(w, w->rank);
+    /* release: the window contents / the reads of the peers' windows happen before */
+    atomic_store_explicit(word, done, memory_order_release);
+    atomic_fetch_add_explicit(&x->bell, 1, memory_order_release);
+    futex_wake_all(&x->bell);
+}
+
+/* Waits until every rank's word (at byte offset `field` in its struct xchg_rank) reaches `done`. */
+static void xchg_wait_all(struct worker *w, size_t field, uint64_t done)
+{
+    uint32_t prev_phase = UINT32_MAX;
+    uint64_t t0 = clock_ns();
+    for (int r = 0; r < w->G; r++) {
+        struct xchg_rank *x = xchg_of(w, r);
+        _Atomic uint64_t *word = (_Atomic uint64_t *)((char *)x + field);
+        for (;;) {
+            uint32_t bell = atomic_load_explicit(&x->bell, memory_order_acquire);
+            /* acquire: pairs with xchg_publish; the peer's window is ready to read (or reuse) */
+            if (atomic_load_explicit(word, memory_order_acquire) >= done)
+                break;
+            if (prev_phase == UINT32_MAX)
+                prev_phase = begin_wait(w, PHASE_WAIT_PEERS);
+            futex_wait(&x->bell, bell, WAIT_SLICE_MS);
+            bail_if_stopped(w);
+        }
+    }
+    if (prev_phase != UINT32_MAX) {
+        set_phase(w, (int)prev_phase);
+        atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
+    }
+}
+
+/* Rank r's window: ours, a slice of the grads region (CPU backend), or a peer's exported device
+ * memory, opened the first time it is needed (after the peer published it). */
+static char *window_of(struct worker *w, int r)
+{
+    if (w->window[r])
+        return w->window[r];
+    struct xchg_rank *x = xchg_of(w, r);
+    while (atomic_load_explicit(&x->window_generation, memory_order_acquire) == 0) {
+        uint32_t bell = atomic_load_explicit(&x->bell, memory_order_acquire);
+        if (atomic_load_explicit(&x->window_generation, memory_order_acquire) != 0)
+            break;
+        futex_wait(&x->bell, bell, WAIT_SLICE_MS);
+        bail_if_stopped(w);
+    }
+    w->window[r] = w->be.ops->open_peer(&w->be, x->window_handle);
+    if (!w->window[r]) {
+        fprintf(stderr, "worker %d: %s\n", w->rank, sd_errmsg());
+        exit(1);
+    }
+    return w->window[r];
+}
+
+static size_t weight_size(const struct worker *w)
+{
+    return be_dtype_size(w->be.weight_dtype);
+}
+
+/* Chunk c's parameter shard [lo, lo+n) at the version this pass needs, into device memory dst;
+ * waits for the copy. A restarted worker re-reads from the prev copy if an update began meanwhile. */
+static void stage_weights(struct worker *w, void *dst, int c, int64_t lo, int64_t n)
+{
+    for (;;) {
+        const uint16_t *src = wait_version(w, c);
+        w->be.ops->fetch_weights_async(&w->be, w->cache_size, dst, src + lo, (size_t)n);
+        w->be.ops->synchronize(&w->be);
+        struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
+        if (!w->recovering || !w->shm.params16_prev || src >= w->shm.params16_prev ||
+            atomic_load_explicit(&cs->upd_step, memory_order_acquire) <= w->need_version)
+            break;
+    }
+    atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)n * 2, memory_order_relaxed);
+}
+
+/* Sharded parameters: the first read of a (chunk, version), which every rank makes in the same
+ * order, copies this rank's shard from the host into its window and every rank's shard from the
+ * windows into the cache entry. */
+static void gather_chunk(struct worker *w, struct cache_entry *e, int c, uint64_t key)
+{
+    struct ctl_header *h = w->ctl;
+    const struct chunk_desc *ch = &ctl_chunks(h)[c];
+    int slot = (int)(key % XCHG_SLOTS);
+    size_t ws = weight_size(w);
+    uint64_t off = ctl_window_param_slot(h->max_chunk_numel, w->G, (int)ws, slot);
+    if (key >= XCHG_SLOTS) /* our slot's previous shard has been read by everyone */
+        xchg_wait_all(w, offsetof(struct xchg_rank, param_gathered), key - XCHG_SLOTS + 1);
+    int64_t lo = layout_shard_begin(ch->numel, w->G, w->rank), hi = layout_shard_begin(ch->numel, w->G, w->rank + 1);
+    stage_weights(w, window_of(w, w->rank) + off, c, lo, hi - lo);
+    xchg_publish(w, &xchg_of(w, w->rank)->param_staged, key + 1);
+    fault_point("worker_param_staged");
+
+    xchg_wait_all(w, offsetof(struct xchg_rank, param_staged), key + 1);
+    for (int r = 0; r < w->G; r++) {
+        int64_t plo = layout_shard_begin(ch->numel, w->G, r), phi = layout_shard_begin(ch->numel, w->G, r + 1);
+        w->be.ops->copy_device(&w->be, (char *)e->dev + (size_t)plo * ws, window_of(w, r) + off,
+                               (size_t)(phi - plo) * ws);
+        if (r != w->rank)
+            atomic_fetch_add_explicit(&w->slot->bytes_peer, (uint64_t)(phi - plo) * ws, memory_order_relaxed);
+    }
+    w->be.ops->synchronize(&w->be);
+    xchg_publish(w, &xchg_of(w, w->rank)->param_gathered, key + 1);
+    e->chunk = c;
+    e->version = w->need_version;
+}
+
+/* Brings chunk c at the pass's version into cache entry e. */
+static void fetch_chunk(struct worker *w, struct cache_entry *e, int c)
+{
+    if (w->sharded_params) {
+        uint64_t key = xchg_param_key(w->ctl, w->need_version, c);
+        if (key > w->next_param_key) {
+            fprintf(stderr, "worker %d: chunk %d version %u read before chunks the exchange expects first\n",
+                    w->rank, c, w->need_version);
+            abort();
+        }
+        if (key == w->next_param_key) {
+            gather_chunk(w, e, c, key);
+            w->next_param_key++;
+            return;
+        }
+        /* read again later in the pass (the cache could not keep it): straight from the host */
+    }
+    const uint16_t *src = wait_version(w, c);
+    cache_fill(w, e, c, src);
+    recheck_torn(w, e, c, src);
+}
+
 static const void *io_weights(void *ctx, int c, int next)
 {
     struct worker *w = ctx;
     atomic_store_explicit(&w->slot->chunk, c, memory_order_relaxed);
     struct cache_entry *e = cache_find(w, c);
     if (!e) {
-        const uint16_t *src = wait_version(w, c);
         e = cache_victim(w);
         SD_ASSERT(e); /* the plan gives at least one buffer more than a pass holds at once */
-        cache_fill(w, e, c, src);
-        recheck_torn(w, e, c, src);
+        fetch_chunk(w, e, c);
     }
     e->held = true;
     e->last_use = ++w->use_clock;
@@ -221,7 +369,7 @@ static const void *io_weights(void *ctx, int c, int next)
         if (atomic_load_explicit(&cs->version, memory_order_acquire) == w->need_version) {
             struct cache_entry *v = cache_victim(w);
             if (v)
-                cache_fill(w, v, next, w->shm.params16 + ctl_chunks(w->ctl)[next].offset);
+                fetch_chunk(w, v, next);
         }
     }
     return e->dev;
@@ -295,15 +443,11 @@ static bool already_posted(struct worker *w, int c, int owner)
     return chunk_grad_consumed(ctl_chunk_state(w->ctl, c), w->step, w->micro);
 }
 
-static void io_grads_done(void *ctx, int c, float *grad)
+/* Copies elements [begin, begin+count) of chunk c's gradient (device memory at grad) into the
+ * next free host slot and queues its descriptor for the poster thread. */
+static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count)
 {
-    struct worker *w = ctx;
     struct ctl_header *h = w->ctl;
-    const struct chunk_desc *ch = &ctl_chunks(h)[c];
-    int owner = ctl_chunk_state(h, c)->owner;
-    if (w->recovering && w->step == w->recover_step && w->micro == w->recover_micro && already_posted(w, c, owner))
-        return;
-
     int si = w->next_grad_slot;
     w->next_grad_slot = (w->next_grad_slot + 1) % h->grad_slots;
     struct slot_state *ss = ctl_slot(h, w->rank, si);
@@ -325,9 +469,64 @@ static void io_grads_done(void *ctx, int c, float *grad)
     atomic_store_explicit(&ss->state, SLOT_WORD(seq, SLOT_WRITING), memory_order_relaxed);
     fault_point("worker_slot_writing");
     float *host = job_grad_slot(&w->shm, w->rank, si);
-    w->be.ops->send_grads_async(&w->be, si, host, grad, (size_t)ch->numel);
+    w->be.ops->send_grads_async(&w->be, si, host, grad, (size_t)count);
     remember_grad_buf(w, grad, si);
-    post_enqueue(w, (struct post){.chunk = c, .slot = si, .seq = seq, .step = w->step, .micro = w->micro});
+    post_enqueue(w, (struct post){.chunk = c,
+                                  .slot = si,
+                                  .seq = seq,
+                                  .step = w->step,
+                                  .micro = w->micro,
+                                  .elem_begin = begin,
+                                  .elem_count = count});
+}
+
+/* GPU-side gradients: puts this micro-step's gradient of chunk c in our window, adds our shard of
+ * every rank's (rank order) onto the step's sum, and after the last micro-step sends that shard.
+ * The sum runs in the order of the global micro-batches (a*G + r), as the CPU route's does. */
+static void reduce_scatter_chunk(struct worker *w, int c, float *grad)
+{
+    struct ctl_header *h = w->ctl;
+    const struct chunk_desc *ch = &ctl_chunks(h)[c];
+    uint64_t key = xchg_grad_key(h, w->step, w->micro_index, c);
+    uint64_t off = ctl_window_grad_slot(h->max_chunk_numel, (int)(key % XCHG_SLOTS));
+    if (key >= XCHG_SLOTS) /* our slot's previous gradient has been read by everyone */
+        xchg_wait_all(w, offsetof(struct xchg_rank, grad_reduced), key - XCHG_SLOTS + 1);
+    w->be.ops->copy_device(&w->be, window_of(w, w->rank) + off, grad, (size_t)ch->numel * sizeof(float));
+    w->be.ops->synchronize(&w->be);
+    xchg_publish(w, &xchg_of(w, w->rank)->grad_published, key + 1);
+    fault_point("worker_grad_published");
+
+    int64_t lo = layout_shard_begin(ch->numel, w->G, w->rank), n = layout_shard_begin(ch->numel, w->G, w->rank + 1) - lo;
+    float *sum = w->grad_shard[c];
+    if (w->micro_index == 0)
+        io_grads_reuse(w, sum); /* last step's send of the sum has read it */
+    xchg_wait_all(w, offsetof(struct xchg_rank, grad_published), key + 1);
+    for (int r = 0; r < w->G; r++) {
+        const float *src = (const float *)(window_of(w, r) + off) + lo;
+        if (w->micro_index == 0 && r == 0)
+            w->be.ops->copy_device(&w->be, sum, src, (size_t)n * sizeof(float));
+        else
+            w->be.ops->add_f32(&w->be, sum, src, (size_t)n);
+        if (r != w->rank)
+            atomic_fetch_add_explicit(&w->slot->bytes_peer, (uint64_t)n * sizeof(float), memory_order_relaxed);
+    }
+    w->be.ops->synchronize(&w->be);
+    xchg_publish(w, &xchg_of(w, w->rank)->grad_reduced, key + 1);
+    if ((int)w->micro_index == w->A - 1 && !(w->recovering && already_posted(w, c, ctl_chunk_state(h, c)->owner)))
+        post_grad(w, c, sum, lo, n);
+}
+
+static void io_grads_done(void *ctx, int c, float *grad)
+{
+    struct worker *w = ctx;
+    if (w->gpu_grads) {
+        reduce_scatter_chunk(w, c, grad);
+        return;
+    }
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    if (w->recovering && w->step == w->recover_step && already_posted(w, c, ctl_chunk_state(w->ctl, c)->owner))
+        return;
+    post_grad(w, c, grad, 0, ch->numel);
 }
 
 static void finish_rank(struct worker *w, uint32_t s);
@@ -343,7 +542,6 @@ static void post_one(struct worker *w, const struct post *p)
             finish_rank(w, p->step);
         return;
     }
-    const struct chunk_desc *ch = &ctl_chunks(h)[p->chunk];
     int owner = ctl_chunk_state(h, p->chunk)->owner;
     w->be.ops->wait_grads_host(&w->be, p->slot);
     fault_point("worker_slot_written");
@@ -359,7 +557,9 @@ static void post_one(struct worker *w, const struct post *p)
         .generation = w->generation,
         .seq = p->seq,
         .kind = DESC_GRAD,
-        .bytes = (uint64_t)ch->numel * 4,
+        .elem_begin = (uint64_t)p->elem_begin,
+        .elem_count = (uint64_t)p->elem_count,
+        .bytes = (uint64_t)p->elem_count * 4,
     };
     /* The ring has more entries than this rank has slots, so it cannot be full. */
     bool pushed = ring_push(ctl_ring(h, w->rank, owner), &msg);
@@ -495,17 +695,19 @@ static int train_step(struct worker *w, uint32_t s)
     w->step = s;
     uint32_t first = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire);
     w->loss_sum = loss_through(w, s, first);
-    /* Micro-steps summing on the device post once, at the last one, as micro-batch r; a restart
-     * then has nothing posted to build on and redoes the step from its first micro-step. */
-    bool on_device = h->plan.accumulate_on_device;
-    if (on_device && first < (uint32_t)w->A) {
+    /* Micro-steps summing on the device post once, at the last one, as micro-batch r (GPU-side
+     * gradients too, each rank its shard); a restart then has nothing posted to build on and redoes
+     * the step from its first micro-step. So do workers that exchange shards: every rank walks the
+     * same exchange sequence, so after a restart all of them redo the step together. What the
+     * previous incarnation already posted is recognised and not posted again. */
+    bool one_post = h->plan.accumulate_on_device || w->gpu_grads;
+    bool redo_step = one_post || h->exchange;
+    if (redo_step && (first < (uint32_t)w->A || (h->exchange && w->recovering))) {
         first = 0;
         w->loss_sum = 0;
     }
-    if (w->recovering) {
+    if (w->recovering)
         w->recover_step = s;
-        w->recover_micro = on_device ? (uint32_t)w->rank : first * (uint32_t)w->G + (uint32_t)w->rank;
-    }
     int64_t seq_index[4096];
     SD_ASSERT(w->mb <= 4096);
     for (int a = (int)first; a < w->A; a++) {
@@ -517,14 +719,15 @@ static int train_step(struct worker *w, uint32_t s)
         int n = w->mb * w->T;
         for (int i = 0; i < n; i++)
             w->row_scale[i] = w->mask[i] ? (float)(1.0 / (double)ntargets) : 0.0f;
-        w->micro = on_device ? (uint32_t)w->rank : (uint32_t)(a * w->G + w->rank);
+        w->micro = one_post ? (uint32_t)w->rank : (uint32_t)(a * w->G + w->rank);
         w->micro_index = (uint32_t)a;
         w->row_mask_cur = w->mask;
         set_phase(w, PHASE_FORWARD);
         model_train_micro(&w->model, &io, w->tokens, w->targets, w->row_scale, w->loss_rows, NULL, a == (int)first,
                           a == w->A - 1);
         post_enqueue(w, (struct post){.chunk = -1, .step = s, .posted = (uint32_t)a + 1, .step_done = a == w->A - 1});
-        w->recovering = false;
+        if (!redo_step)
+            w->recovering = false;
         atomic_fetch_add_explicit(&w->slot->items, 1, memory_order_relaxed);
         uint64_t waited = atomic_load_explicit(&w->slot->wait_ns, memory_order_relaxed) - wait0;
         atomic_fetch_add_explicit(&w->slot->busy_ns, clock_ns() - t0 - waited, memory_order_relaxed);
@@ -597,6 +800,47 @@ static bool is_val_step(const struct ctl_header *h, bool have_val, uint32_t s)
     return s == (uint32_t)h->job.steps || (h->job.val_every > 0 && s % (uint32_t)h->job.val_every == 0);
 }
 
+/* This rank's exchange window (a slice of the grads region on the CPU backend, else device memory
+ * published to the peers through the ctl region) and the sums of its gradient shards. */
+static int exchange_setup(struct worker *w)
+{
+    struct ctl_header *h = w->ctl;
+    struct xchg_rank *x = xchg_of(w, w->rank);
+    w->sharded_params = h->plan.param_route == PARAMS_SHARDED;
+    w->gpu_grads = h->plan.grad_route == GRADS_GPU;
+    /* where every rank's first parameter read of its first step falls (the launcher set it) */
+    w->next_param_key = atomic_load(&x->param_gathered);
+    if (h->window_shm_bytes) {
+        if (weight_size(w) != 4)
+            return sd_err("the exchange windows in shared memory hold fp32 weights; this backend's are not");
+        for (int r = 0; r < w->G; r++)
+            w->window[r] = job_shm_window(&w->shm, r);
+    } else {
+        if (!w->be.ops->alloc_exported)
+            return sd_err("the %s backend cannot share device memory with other workers", w->be.ops->name);
+        size_t bytes = ctl_window_bytes(h->max_chunk_numel, w->G, (int)weight_size(w));
+        w->window[w->rank] = w->be.ops->alloc_exported(&w->be, bytes, x->window_handle);
+        if (!w->window[w->rank])
+            return sd_err_prefix("exchange window of %zu bytes", bytes);
+        atomic_store_explicit(&x->window_generation, w->generation, memory_order_release);
+        atomic_fetch_add(&x->bell, 1);
+        futex_wake_all(&x->bell);
+    }
+    if (w->gpu_grads) {
+        w->grad_shard = calloc((size_t)h->num_chunks, sizeof *w->grad_shard);
+        if (!w->grad_shard)
+            return sd_err("out of memory");
+        for (int c = 0; c < h->num_chunks; c++) {
+            int64_t n = ctl_chunks(h)[c].numel;
+            n = layout_shard_begin(n, w->G, w->rank + 1) - layout_shard_begin(n, w->G, w->rank);
+            w->grad_shard[c] = w->be.ops->alloc(&w->be, (size_t)(n > 0 ? n : 1) * sizeof(float));
+            if (!w->grad_shard[c])
+                return sd_err_prefix("gradient shard sums");
+        }
+    }
+    return 0;
+}
+
 static int worker_setup(struct worker *w, const struct worker_args *args)
 {
     if (job_shm_attach(&w->shm, args->job_name, JOB_MAP_CTL | JOB_MAP_PARAMS_RO | JOB_MAP_GRADS, false) != 0)
@@ -654,6 +898,8 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
         return -1;
     if (h->plan.accumulate_on_device && model_keep_grads_resident(&w->model) != 0)
         return -1;
+    if (h->exchange && exchange_setup(w) != 0)
+        return -1;
     size_t n = (size_t)w->mb * w->T;
     w->tokens = malloc(n * sizeof(int32_t));
     w->targets = malloc(n * sizeof(int32_t));
@@ -709,8 +955,10 @@ int worker_run(const struct worker_args *args)
         }
         fault_step(s, w->rank);
         struct step_record *rec = ctl_step(h, s);
-        if (!atomic_load_explicit(&rec->rank_done[w->rank], memory_order_acquire) && train_step(w, s) != 0)
+        bool done = atomic_load_explicit(&rec->rank_done[w->rank], memory_order_acquire);
+        if ((!done || (h->exchange && w->recovering)) && train_step(w, s) != 0)
             return 1;
+        w->recovering = false;
         if (is_val_step(h, w->have_val, s) && !atomic_load(&rec->val_done[w->rank]) && eval_step(w, s) != 0)
             return 1;
     }

@@ -132,6 +132,19 @@ static void cpu_wait_grads_host(struct backend *be, int slot)
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
 }
 
+/* ---- exchange: windows are in shared host memory, so these are plain copies ---- */
+
+static void cpu_copy_device(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+}
+
+static void cpu_add_f32(struct backend *be, float *acc, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        acc[i] += src[i];
+}
+
 /* ---- embedding ---- */
 
 static void cpu_embedding_fwd(struct backend *be, void *out_, const int32_t *tokens, const void *wte_, int N, int C)
@@ -452,6 +465,8 @@ static const struct backend_ops cpu_ops = {
     .send_grads_async = cpu_send_grads_async,
     .wait_grads_host = cpu_wait_grads_host,
     .wait_grads_device = cpu_wait_grads_device,
+    .copy_device = cpu_copy_device,
+    .add_f32 = cpu_add_f32,
     .embedding_fwd = cpu_embedding_fwd,
     .embedding_bwd = cpu_embedding_bwd,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,

@@ -193,6 +193,45 @@ static void cu_wait_grads_device(struct backend *be, int slot)
     CUDA_CHECK(cudaStreamWaitEvent(cx->compute, cx->d2h_done[slot], 0));
 }
 
+/* ---- exchange between workers: CUDA IPC ---- */
+
+static void *cu_alloc_exported(struct backend *be, size_t bytes, void *handle)
+{
+    void *p = budget_alloc(cuda_ctx_of(be), bytes, "exchange window");
+    if (!p)
+        return NULL;
+    cudaIpcMemHandle_t h;
+    cudaError_t e = cudaIpcGetMemHandle(&h, p);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        budget_free(cuda_ctx_of(be), p);
+        sd_err("cuda backend: cudaIpcGetMemHandle: %s", cudaGetErrorString(e));
+        return NULL;
+    }
+    static_assert(sizeof h == 64, "an IPC handle fills the 64 bytes published for it");
+    memcpy(handle, &h, sizeof h);
+    return p;
+}
+
+static void *cu_open_peer(struct backend *be, const void *handle)
+{
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof h);
+    void *p = NULL;
+    cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        sd_err("cuda backend: cudaIpcOpenMemHandle of a peer's window: %s", cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_copy_device(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_ctx_of(be)->compute));
+}
+
 /* Called from the worker's poster thread too: the current device is per thread. */
 static void cu_wait_grads_host(struct backend *be, int slot)
 {
@@ -218,6 +257,10 @@ static const struct backend_ops cuda_ops = {
     .send_grads_async = cu_send_grads_async,
     .wait_grads_host = cu_wait_grads_host,
     .wait_grads_device = cu_wait_grads_device,
+    .alloc_exported = cu_alloc_exported,
+    .open_peer = cu_open_peer,
+    .copy_device = cu_copy_device,
+    .add_f32 = cuda_add_f32,
     .embedding_fwd = cuda_embedding_fwd,
     .embedding_bwd = cuda_embedding_bwd,
     .rmsnorm_fwd = cuda_rmsnorm_fwd,

@@ -136,6 +136,7 @@ void cuda_swiglu_fwd(struct backend *be, void *out, const void *gate, const void
 void cuda_swiglu_bwd(struct backend *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                      size_t n);
 void cuda_add_inplace(struct backend *be, void *a, const void *b, size_t n);
+void cuda_add_f32(struct backend *be, float *acc, const float *src, size_t n);
 /* embedding.cu */
 void cuda_embedding_fwd(struct backend *be, void *out, const int32_t *tokens, const void *wte, int N, int C);
 void cuda_embedding_bwd(struct backend *be, float *dwte, const void *dout, const int32_t *tokens, int N, int C);

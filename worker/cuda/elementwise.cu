@@ -77,6 +77,12 @@ __global__ void add_inplace_kernel(bf16 *a, const bf16 *b, size_t n)
     }
 }
 
+__global__ void add_f32_kernel(float *acc, const float *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] = __fadd_rn(acc[i], src[i]);
+}
+
 /* Whether n elements at every pointer can go 8 at a time through 16-byte accesses. */
 static bool vec8_ok(size_t n, const void *a, const void *b, const void *c = nullptr, const void *d = nullptr,
                     const void *e = nullptr)
@@ -145,5 +151,13 @@ void cuda_add_inplace(struct backend *be, void *a, const void *b, size_t n)
         add_inplace_kernel<8><<<cuda_blocks(n / 8, EW_THREADS), EW_THREADS, 0, st>>>((bf16 *)a, (const bf16 *)b, n);
     else
         add_inplace_kernel<1><<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>((bf16 *)a, (const bf16 *)b, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void cuda_add_f32(struct backend *be, float *acc, const float *src, size_t n)
+{
+    if (n == 0)
+        return;
+    add_f32_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_ctx_of(be)->compute>>>(acc, src, n);
     CUDA_CHECK(cudaGetLastError());
 }
