@@ -68,6 +68,7 @@ struct sup {
     char metrics_path[JOB_PATH_MAX + 32];
     int pending_restarts;
     int gang_dying;    /* workers killed for a gang restart that have not exited yet */
+    uint64_t link_bytes_seen[JOB_MAX_GPUS][3]; /* per rank: host->device, device->host, peer bytes logged so far */
     char bin_dir[PATH_MAX];
     char **child_env;
     int gpu_count;
@@ -268,11 +269,26 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
         }
     }
     publish_stats(s, step, loss, rec, step_s, tok_s, tokens, val_loss, val_acc);
+    /* PCIe and peer traffic per rank's link since the previous line (the workers run ahead of the
+     * commits, so a line may hold some of the next step's bytes; the sum over lines is exact) */
+    char links[3][16 * JOB_MAX_GPUS + 8];
+    for (int k = 0; k < 3; k++) {
+        size_t n = (size_t)snprintf(links[k], sizeof links[k], "[");
+        for (int r = 0; r < G; r++) {
+            struct proc_slot *ps = ctl_proc(s->h, PROC_WORKER, r);
+            uint64_t now = atomic_load(k == 0 ? &ps->bytes_in : k == 1 ? &ps->bytes_out : &ps->bytes_peer);
+            n += (size_t)snprintf(links[k] + n, sizeof links[k] - n, "%s%llu", r ? "," : "",
+                                  (unsigned long long)(now - s->link_bytes_seen[r][k]));
+            s->link_bytes_seen[r][k] = now;
+        }
+        snprintf(links[k] + n, sizeof links[k] - n, "]");
+    }
     fprintf(s->metrics,
             "{\"step\":%u,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens\":%lld,\"targets\":%lld,"
-            "\"step_s\":%.6f,\"predicted_step_s\":%.6f,\"tok_s\":%.1f,\"clip_coef\":%.6f%s}\n",
+            "\"step_s\":%.6f,\"predicted_step_s\":%.6f,\"tok_s\":%.1f,\"clip_coef\":%.6f,\"h2d_bytes\":%s,"
+            "\"d2h_bytes\":%s,\"peer_bytes\":%s%s}\n",
             step, loss, rec->lr, rec->grad_norm, (long long)tokens, (long long)rec->tokens, step_s,
-            s->h->plan.predicted_step_s, tok_s, rec->clip_coef, val);
+            s->h->plan.predicted_step_s, tok_s, rec->clip_coef, links[0], links[1], links[2], val);
     fflush(s->metrics);
     if (step % (uint32_t)job->log_every == 0 || step == (uint32_t)job->steps || val[0]) {
         printf("step %5u/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.3fs  %.0f tok/s", step, job->steps, loss, rec->lr,

@@ -353,16 +353,15 @@ static void test_explicit_choices(void **state)
     assert_int_equal(p.chunk_buffers, 10);
 
     const char *expect[] = {"chunk_buffers = 2", "grad_slots = 300", "optim_procs = 50", "during_backward",
-                            "param_route = sharded", "grad_route = gpu"};
-    for (int i = 0; i < 6; i++) {
+                            "accumulate_on_device = true cannot go with grad_route = gpu"};
+    for (int i = 0; i < 5; i++) {
         job = job_of(DEVICE_CUDA, 2, 2, 512, 1);
         switch (i) {
         case 0: job.chunk_buffers = 2; break;
         case 1: job.grad_slots = 300; break;
         case 2: job.optim_procs = 50; break;
         case 3: job.update_mode = UPDATE_DURING_BACKWARD; job.grad_clip = 1.0; break;
-        case 4: job.param_route = PARAMS_SHARDED; break;
-        case 5: job.grad_route = GRADS_GPU; break;
+        case 4: job.grad_route = GRADS_GPU; job.accumulate_on_device = 1; break;
         }
         assert_int_equal(choose(&job, &cfg, &p, NULL), -1);
         printf("# %s\n", sd_errmsg());
