@@ -1,0 +1,85 @@
+#!/bin/bash
+# Issue 7 on a GPU host, from the repo root: the planner's predicted step time against the measured
+# one for the Qwen3-1.7B shape (random init, seq 4096) at 3 micro-batch sizes and 2 GPU memory
+# budgets, and the planner's plan against hand-written alternatives at one of them. Prints one
+# table; logs in $OUT. Needs .gpudeps/ as gpu_issue4.sh's header says. With NO_BUILD=1 it expects
+# the caller to have sourced bench/gpu_build.sh already.
+[ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
+w=/tmp/issue7
+rm -rf "$w" && mkdir -p "$w"
+shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
+[ "${shm_free:-0}" -lt 60 ] && mount -o remount,size=100G /dev/shm
+python3 - "$w/train.bin" <<'PY'
+import sys, numpy as np
+n = 2_000_000
+h = np.zeros(256, dtype=np.int32); h[:3] = (20240801, 7, n)
+t = np.random.default_rng(0).integers(0, 151936, size=n, dtype=np.uint32)
+open(sys.argv[1], "wb").write(h.tobytes() + t.tobytes())
+PY
+cat > "$w/job.ini" <<EOF
+[model]
+path = $root/examples/qwen3-1.7b
+init = random
+[data]
+train = $w/train.bin
+seq_len = 4096
+[train]
+micro_batch = 2
+steps = 6
+lr = 1e-5
+weight_decay = 0.1
+grad_clip = 1.0
+[checkpoint]
+dir = $w/ckpt
+save_final = false
+[runtime]
+device = cuda
+[log]
+dir = $w/log
+EOF
+deadline=${DEADLINE:-560}
+: > "$out/issue7.results"
+run() { # name, overrides...
+    local name=$1 limit=$((deadline - SECONDS))
+    shift
+    [ "$limit" -gt 150 ] && limit=150
+    [ "$limit" -lt 25 ] && { log "$name: skipped (no time left)"; return; }
+    rm -rf "$w/log" "$w/ckpt"
+    timeout "$limit" "$build/slidedp-launch" "$w/job.ini" "$@" > "$out/i7_$name.log" 2>&1
+    local rc=$?
+    local plan=$(grep -E '^plan: ' "$out/i7_$name.log" | head -2 | tr '\n' ' ' | sed 's/plan: //g')
+    python3 - "$w/log/metrics.jsonl" "$name" "$rc" "$plan" "$*" <<'PY' | tee -a "$out/issue7.results"
+import json, sys, statistics as st
+path, name, rc, plan, args = sys.argv[1:]
+try:
+    rows = [json.loads(l) for l in open(path)]
+except OSError:
+    rows = []
+x = [r["step_s"] for r in rows][2:]
+m = st.median(x) if x else float("nan")
+p = rows[0]["predicted_step_s"] if rows else float("nan")
+print(json.dumps({"name": name, "rc": int(rc), "measured": m, "predicted": p, "args": args, "plan": plan}))
+PY
+    "$build/slidedp-launch" --clean "$w/job.ini" "$@" > /dev/null 2>&1
+}
+for mem in auto 24G; do
+    for mb in 1 2 4; do
+        run "mb${mb}_$mem" train.micro_batch=$mb runtime.gpu_mem=$mem
+    done
+done
+# hand-written alternatives to the planner's choice at micro_batch 2, gpu_mem 24G
+run alt_stream3 train.micro_batch=2 runtime.gpu_mem=24G runtime.chunk_buffers=3
+run alt_recompute train.micro_batch=2 runtime.gpu_mem=24G runtime.activations=recompute
+run alt_optim1x14 train.micro_batch=2 runtime.gpu_mem=24G runtime.optim_procs=1 runtime.optim_threads=14
+run alt_lpc4 train.micro_batch=2 runtime.gpu_mem=24G runtime.layers_per_chunk=4
+python3 - "$out/issue7.results" <<'PY' | tee -a "$out/summary.log"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(f"| {'run':16} | {'exit':>4} | {'predicted s':>11} | {'measured s':>10} | {'error':>7} |")
+print(f"|{'-'*18}|{'-'*6}|{'-'*13}|{'-'*12}|{'-'*9}|")
+for r in rows:
+    err = (r["predicted"] - r["measured"]) / r["measured"] if r["measured"] == r["measured"] and r["measured"] else float("nan")
+    print(f"| {r['name']:16} | {r['rc']:4} | {r['predicted']:11.3f} | {r['measured']:10.3f} | {100*err:+6.1f}% |")
+for r in rows:
+    print(f"{r['name']}: {r['args']} -> {r['plan']}")
+PY
