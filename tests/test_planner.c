@@ -180,6 +180,28 @@ static void test_bytes_per_pass(void **state)
     assert_true(fabs(pred.d2h_bytes - lay.total_numel * 4.0) < 1);
     assert_true(fabs(pred.optim_bytes - (12.0 + 30.0) * lay.total_numel) < 1);
     layout_free(&lay);
+
+    /* GPU-side gradients on 2 ranks: every micro-step reduce-scatters half of each gradient over
+     * the peer link into the shard accumulators; once per step each rank sends its half to the
+     * host, and the optimizers add one gradient's worth */
+    job.gpus = 2;
+    p.accumulate_on_device = 0;
+    p.grad_route = GRADS_GPU;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    double total = (double)lay.total_numel;
+    assert_true(fabs(pred.h2d_bytes - total * 2.0) < 1);
+    assert_true(fabs(pred.d2h_bytes - total * 4.0 / 2) < 1);
+    assert_true(fabs(pred.p2p_bytes - 5 * total * 4.0 / 2) < 1);
+    assert_true(fabs(pred.optim_bytes - (12.0 + 30.0) * total) < 1);
+    layout_free(&lay);
+    /* sharded parameters too: half of each chunk from the host, the other half from the peer */
+    p.param_route = PARAMS_SHARDED;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_true(fabs(pred.h2d_bytes - total * 2.0 / 2) < 1);
+    assert_true(fabs(pred.p2p_bytes - (5 * total * 4.0 / 2 + total * 2.0 / 2)) < 1);
+    printf("# 2 ranks, both peer routes: %.0f bytes in, %.0f out, %.0f over the peer link per rank and step\n",
+           pred.h2d_bytes, pred.d2h_bytes, pred.p2p_bytes);
+    layout_free(&lay);
 }
 
 static void test_memory_footprint(void **state)
@@ -235,6 +257,21 @@ static void test_memory_footprint(void **state)
     p.accumulate_on_device = 1;
     price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
     assert_int_equal(gm.grad_bufs, (2048 + 2 * 51200) * 4 + (51200 + 51200 + 2048) * 4);
+    assert_int_equal(gm.peer_bufs, 0);
+    layout_free(&lay);
+    /* the peer routes on 2 ranks: 4 exchange slots of half the largest chunk in bf16 (sharded
+     * params); shard accumulators of half the parameters and 4 exchange slots of the largest chunk
+     * in fp32 (GPU-side gradients, which replace the on-device accumulation) */
+    p.accumulate_on_device = 0;
+    p.param_route = PARAMS_SHARDED;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(gm.peer_bufs, 4 * 25600 * 2);
+    layout_free(&lay);
+    p.grad_route = GRADS_GPU;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(gm.peer_bufs, 4 * 25600 * 2 + total / 2 * 4 + 4 * 51200 * 4);
+    assert_int_equal(gm.total, gm.chunk_bufs + gm.grad_bufs + gm.layer_inputs + gm.kept_acts + gm.bwd_scratch +
+                                   gm.logits + gm.misc + gm.workspace + gm.peer_bufs);
     layout_free(&lay);
 }
 
