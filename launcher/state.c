@@ -265,6 +265,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->job = st->job;
     h->model = st->cfg;
     h->plan = st->plan;
+    h->topo = st->topo;
     h->gpus = st->job.gpus;
     h->optim_procs = st->plan.optim_procs;
     h->grad_slots = st->plan.grad_slots;
@@ -387,7 +388,7 @@ int state_create(struct job_state *st)
             return sd_err_prefix("[data] val");
         data_close(&data);
     }
-    if (plan_make(job, &st->cfg, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
+    if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
         return -1;
     if (layout_build(&st->cfg, st->plan.layers_per_chunk, &st->lay) != 0)
         return -1;

@@ -17,6 +17,7 @@
 #include "common/layout.h"
 #include "common/model_config.h"
 #include "common/plan.h"
+#include "common/topology.h"
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
@@ -213,6 +214,7 @@ struct ctl_header {
     alignas(64) _Atomic uint32_t ckpt_done_step; /* last step whose disk checkpoint is written */
     alignas(64) _Atomic uint32_t workers_ready;  /* workers that finished start-up */
     _Atomic uint32_t abandoned_step;             /* a step that can no longer complete (stop) */
+    struct topology topo;                        /* the ranks' GPUs and the links between them */
 };
 
 /* Region sizes and offsets for a job shape; overflow-checked. */
