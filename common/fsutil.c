@@ -21,6 +21,20 @@ int fs_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+int fs_self_dir(char *out, size_t len)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return sd_err("cannot find my own executable: %s", strerror(errno));
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(out, len, "%s", self);
+    return 0;
+}
+
 int fs_mkdir_p(const char *path, int mode)
 {
     char buf[4096];

@@ -1,5 +1,6 @@
 /* Small filesystem helpers for outputs that must never be left half-written: mkdir -p, recursive
- * removal, file copy, atomic file and directory publication (temp + fsync + rename). */
+ * removal, file copy, atomic file and directory publication (temp + fsync + rename); and where the
+ * running program lives. */
 #ifndef SD_FSUTIL_H
 #define SD_FSUTIL_H
 
@@ -15,5 +16,7 @@ int fs_write_atomic(const char *path, const void *data, size_t len);
  * parent, so dst is either the old or the new directory, never a mixture. */
 int fs_publish_dir(const char *tmp_dir, const char *dst);
 int fs_exists(const char *path);
+/* The folder of the running executable (where its sibling programs are). */
+int fs_self_dir(char *out, size_t len);
 
 #endif

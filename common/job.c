@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <glob.h>
-#include <ini.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -16,6 +15,8 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "ini_lines.h"
+#include "topology.h"
 
 enum key_type { K_PATH, K_INT, K_DOUBLE, K_BOOL, K_ENUM, K_BYTES_AUTO, K_U64 };
 
@@ -72,6 +73,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "grad_route", K_ENUM, OFF(grad_route), 0, 0, "auto|cpu|gpu", 0},
     {"runtime", "update_mode", K_ENUM, OFF(update_mode), 0, 0, "auto|after_backward|during_backward", 0},
     {"runtime", "accumulate_on_device", K_ENUM, OFF(accumulate_on_device), 0, 0, "auto|false|true", -1},
+    {"runtime", "topology", K_PATH, OFF(topology), 0, 0, NULL, 0},
     {"log", "dir", K_PATH, OFF(log_dir), 0, 0, NULL, 0},
     {"log", "every", K_INT, OFF(log_every), 1, INT_MAX, NULL, 0},
 };
@@ -109,9 +111,7 @@ struct parse_ctx {
     struct job_config *job;
     const char *where;    /* file path, or "override" */
     int line;             /* current line (file pass) */
-    int lines_done;       /* complete lines read */
-    bool partial;         /* the last read ended inside a line */
-    FILE *file;
+    struct ini_lines lines;
     int key_line[NUM_KEYS]; /* line each key was set at in the file (0 = not set) */
     bool failed;
 };
@@ -304,27 +304,10 @@ static int ini_handler_cb(void *user, const char *section, const char *name, con
     struct parse_ctx *c = user;
     if (c->failed)
         return 0;
-    c->line = c->lines_done + (c->partial ? 1 : 0);
+    c->line = ini_lines_current(&c->lines);
     if (!section[0])
         return ctx_err(c, "(none)", name, "key outside any [section]");
     return apply(c, section, name, value);
-}
-
-/* fgets wrapper that counts lines, so errors can name the line the handler is called for. */
-static char *counting_reader(char *str, int num, void *stream)
-{
-    struct parse_ctx *c = stream;
-    char *r = fgets(str, num, c->file);
-    if (!r)
-        return NULL;
-    size_t n = strlen(r);
-    if (n && r[n - 1] == '\n') {
-        c->lines_done++;
-        c->partial = false;
-    } else {
-        c->partial = true;
-    }
-    return r;
 }
 
 static bool is_dir(const char *p)
@@ -452,6 +435,17 @@ static int validate(struct parse_ctx *c)
     if (!job->log_dir[0])
         return key_err(c, "log", "dir", "must not be empty");
 
+    if (job->topology[0]) {
+        if (job_resolve_path(job, job->topology, resolved) != 0)
+            return key_err(c, "runtime", "topology", "%s", sd_errmsg());
+        snprintf(job->topology, sizeof job->topology, "%s", resolved);
+        if (!is_file(job->topology))
+            return key_err(c, "runtime", "topology", "'%s' is not a file", job->topology);
+        struct topology topo;
+        if (topology_load(job->topology, &topo) != 0)
+            return key_err(c, "runtime", "topology", "%s", sd_errmsg());
+    }
+
     if (job->warmup > job->steps)
         return key_err(c, "train", "warmup", "%d is more than train.steps = %d", job->warmup, job->steps);
     if (!(job->lr > 0))
@@ -478,16 +472,11 @@ int job_config_load(const char *ini_path, int num_overrides, char **overrides, s
     memset(&c, 0, sizeof c);
     c.job = job;
     c.where = job->ini_path;
-    c.file = fopen(abs_path, "r");
-    if (!c.file)
+    FILE *f = fopen(abs_path, "r");
+    if (!f)
         return sd_err("%s: cannot open job file: %s", ini_path, strerror(errno));
-
-    ini_allow_multiline = false;
-    ini_use_stack = false;
-    ini_allow_realloc = true;
-    ini_max_line = 8192;
-    int rc = ini_parse_stream(counting_reader, &c, ini_handler_cb, &c);
-    fclose(c.file);
+    int rc = ini_lines_parse(f, &c.lines, ini_handler_cb, &c);
+    fclose(f);
     if (c.failed)
         return -1;
     if (rc > 0)

@@ -68,6 +68,7 @@ struct job_config {
     enum grad_route grad_route;
     enum update_mode update_mode;
     int accumulate_on_device;  /* -1 auto, 0 no, 1 yes */
+    char topology[JOB_PATH_MAX]; /* GPU topology description file; empty: probe the host */
 
     /* [log] */
     char log_dir[JOB_PATH_MAX];

@@ -665,20 +665,6 @@ static int count_gpus(void)
     return n;
 }
 
-static int find_bin_dir(char *out, size_t len)
-{
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
-        return sd_err("cannot find my own executable: %s", strerror(errno));
-    self[n] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash)
-        *slash = 0;
-    snprintf(out, len, "%s", self);
-    return 0;
-}
-
 static void print_header(const struct sup *s)
 {
     const struct job_state *st = &s->st;
@@ -689,6 +675,13 @@ static void print_header(const struct sup *s)
     printf("slidedp: %d %s worker(s), %d optimizer process(es); %d step(s) of %d x %d x %d sequences of %d tokens\n",
            job->gpus, job->device == DEVICE_CPU ? "cpu" : "cuda", st->plan.optim_procs, job->steps, job->gpus,
            job->grad_accum, job->micro_batch, job->seq_len);
+    if (st->topo.source == TOPO_FILE)
+        printf("slidedp: GPU topology described in %s\n", job->topology);
+    for (int r = 0; r < st->topo.gpus; r++) {
+        char line[512];
+        topology_describe_gpu(&st->topo, r, line, sizeof line);
+        printf("slidedp: %s\n", line);
+    }
     plan_print(stdout, &st->plan, &st->cfg, job);
     printf("slidedp: shared state %.1f MiB in /dev/shm/slidedp.%s.*; logs in %s\n",
            (double)(st->shm.ctl->size + st->shm.ctl->params16_bytes + st->shm.ctl->master_bytes +
@@ -721,9 +714,13 @@ int launch_run(const struct launch_opts *opts)
             return 2;
         }
     }
-    if (find_bin_dir(s->bin_dir, sizeof s->bin_dir) != 0 || !(s->child_env = make_child_env())) {
+    if (fs_self_dir(s->bin_dir, sizeof s->bin_dir) != 0 || !(s->child_env = make_child_env())) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         return 1;
+    }
+    if (topology_for_job(job, s->bin_dir, &s->st.topo) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return 2;
     }
     if (state_create(&s->st) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());

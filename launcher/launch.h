@@ -9,6 +9,7 @@
 #include "common/layout.h"
 #include "common/model_config.h"
 #include "common/plan.h"
+#include "common/topology.h"
 #include "shm/ctl.h"
 #include "shm/region.h"
 
@@ -17,6 +18,7 @@ struct job_state {
     struct model_config cfg;
     struct layout lay;
     struct plan plan;
+    struct topology topo; /* found before planning (topology_for_job) */
     char job_name[32];
     char config_json[JOB_PATH_MAX + 16];
     struct shm_region ctl_region, params16_region, master_region, grads_region;
@@ -28,7 +30,7 @@ struct job_state {
     uint64_t window_shm_bytes; /* per rank exchange window in the grads region (CPU backend) */
 };
 
-/* Validates the job (model config, data, plan, host memory) and creates and initialises the shared
+/* Validates the job (model config, data, plan on st->topo, host memory) and creates and initialises the shared
  * state: weights loaded or drawn, Adam moments zero, versions 0. On failure nothing is left. */
 int state_create(struct job_state *st);
 /* Unmaps and removes the job's shm objects. */

@@ -265,6 +265,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->job = st->job;
     h->model = st->cfg;
     h->plan = st->plan;
+    h->topo = st->topo;
     h->gpus = st->job.gpus;
     h->optim_procs = st->plan.optim_procs;
     h->grad_slots = st->plan.grad_slots;
@@ -392,7 +393,7 @@ int state_create(struct job_state *st)
             return sd_err_prefix("[data] val");
         data_close(&data);
     }
-    if (plan_make(job, &st->cfg, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
+    if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
         return -1;
     if (layout_build(&st->cfg, st->plan.layers_per_chunk, &st->lay) != 0)
         return -1;
@@ -402,9 +403,10 @@ int state_create(struct job_state *st)
     struct ctl_sizes sz;
     bool keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
     /* The CPU backend's exchange windows (fp32 weights) live in the grads region; GPUs export theirs. */
-    uint64_t window_shm = plan_uses_exchange(&st->plan, job->gpus) && job->device == DEVICE_CPU
-                              ? ctl_window_bytes(st->lay.max_chunk_numel, job->gpus, 4)
-                              : 0;
+    struct window_layout win;
+    ctl_window_layout(st->lay.max_chunk_numel, job->gpus, 4, st->plan.grad_route == GRADS_GPU,
+                      st->plan.param_route == PARAMS_SHARDED, &win);
+    uint64_t window_shm = plan_uses_exchange(&st->plan, job->gpus) && job->device == DEVICE_CPU ? win.total : 0;
     int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
                                st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
                                keep_prev, window_shm, &sz);

@@ -1,7 +1,9 @@
-/* slidedp-plan: prints the plan slidedp-launch would use for a job, each term of its predicted
- * step time, the bottleneck, the memory it needs, and which calibration numbers were measured on
- * this host and which are assumed; --json for machines. Needs no GPU. */
+/* slidedp-plan: prints the plan slidedp-launch would use for a job, the GPU topology and the routes
+ * it allows, each term of the predicted step time, the bottleneck, the memory it needs, and which
+ * calibration numbers were measured on this host and which are assumed; --json for machines.
+ * Needs no GPU: without one to probe and no [runtime] topology file, it assumes no P2P. */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/fsutil.h"
 #include "common/job.h"
 #include "common/model_config.h"
 #include "planner/plan.h"
@@ -43,9 +46,52 @@ struct report {
     const struct plan *plan;
     const struct plan_info *info;
     const struct calib *cal;
+    const struct topology *topo;
+    const char *topo_note; /* why the topology is assumed; "" otherwise */
     double num_params;
     double tokens; /* per step, all ranks */
 };
+
+static const char *param_route_name(int route)
+{
+    return route == PARAMS_SHARDED ? "sharded" : "replicated";
+}
+
+static const char *grad_route_name(int route)
+{
+    return route == GRADS_GPU ? "gpu" : "cpu";
+}
+
+static void print_topology(const struct report *r)
+{
+    const struct topology *t = r->topo;
+    if (t->source == TOPO_FILE)
+        printf("topology: described in %s\n", r->job->topology);
+    else if (t->source == TOPO_ASSUMED)
+        printf("topology: assumed, no P2P (%s; describe the host with [runtime] topology)\n", r->topo_note);
+    else
+        printf("topology: %s\n", t->source == TOPO_CPU ? "CPU backend" : "probed on this host");
+    for (int i = 0; i < t->gpus; i++) {
+        char line[512];
+        topology_describe_gpu(t, i, line, sizeof line);
+        printf("  %s\n", line);
+    }
+    const struct plan_info *in = r->info;
+    printf("routes: params %s, grads %s: %s\n", param_route_name(r->plan->param_route),
+           grad_route_name(r->plan->grad_route), in->route_reason);
+    if (in->num_routes < 2)
+        return;
+    for (int i = 0; i < in->num_routes; i++) {
+        const struct plan_route_option *o = &in->routes[i];
+        bool chosen = o->param_route == r->plan->param_route && o->grad_route == r->plan->grad_route;
+        if (o->fits)
+            printf("  params %-10s grads %-3s  step %.4f s, %s per GPU%s\n", param_route_name(o->param_route),
+                   grad_route_name(o->grad_route), o->step_s, sz((double)o->gpu_bytes), chosen ? "  (chosen)" : "");
+        else
+            printf("  params %-10s grads %-3s  does not fit\n", param_route_name(o->param_route),
+                   grad_route_name(o->grad_route));
+    }
+}
 
 static void print_text(const struct report *r)
 {
@@ -60,6 +106,7 @@ static void print_text(const struct report *r)
            r->cfg->model_type, r->cfg->architecture, r->num_params / (billions ? 1e9 : 1e6), billions ? "B" : "M",
            r->cfg->num_layers, job->gpus,
            cpu ? "cpu worker" : "cuda GPU", job->micro_batch, job->seq_len, job->grad_accum, r->tokens);
+    print_topology(r);
     plan_print(stdout, r->plan, r->cfg, job);
     bool tera = p->flops / p->step_s >= 1e12;
     printf("\npredicted step time %.4f s: %.0f tokens/s, %.1f %sFLOP/s per rank (%d plans priced)\n", p->step_s,
@@ -92,6 +139,9 @@ static void print_text(const struct report *r)
     printf("  logits chunk     %10s  (%d rows)\n", sz(g->logits), r->plan->logits_rows);
     printf("  tokens, tables   %10s\n", sz(g->misc));
     printf("  workspace        %10s%s\n", sz(g->workspace), cpu ? "" : "  (assumed)");
+    if (g->peer_bufs)
+        printf("  peer routes      %10s  (exchange slots%s)\n", sz(g->peer_bufs),
+               r->plan->grad_route == GRADS_GPU ? " and gradient shard accumulators" : "");
 
     const struct host_mem_pred *h = &in->host;
     printf("\nhost memory: %s = params16 %s + master/m/v/accumulator %s + gradient slots %s + ctl %s\n",
@@ -157,6 +207,37 @@ static cJSON *curve_json(const struct calib_curve *cv)
     return a;
 }
 
+static cJSON *gpu_list_json(const struct topology *t, uint64_t mask)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int j = 0; j < t->gpus; j++)
+        if (mask >> j & 1)
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(j));
+    return a;
+}
+
+static cJSON *topology_json(const struct report *r)
+{
+    const struct topology *t = r->topo;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "source", topology_source_name(t->source));
+    if (t->source == TOPO_FILE)
+        cJSON_AddStringToObject(o, "file", r->job->topology);
+    if (t->source == TOPO_ASSUMED)
+        cJSON_AddStringToObject(o, "note", r->topo_note);
+    cJSON *gpus = cJSON_AddArrayToObject(o, "gpus");
+    for (int i = 0; i < t->gpus; i++) {
+        cJSON *g = cJSON_CreateObject();
+        cJSON_AddStringToObject(g, "bus_id", t->bus_id[i]);
+        cJSON_AddNumberToObject(g, "numa", t->numa[i]);
+        cJSON_AddNumberToObject(g, "switch", t->pcie_switch[i]);
+        cJSON_AddItemToObject(g, "p2p", gpu_list_json(t, t->p2p[i]));
+        cJSON_AddItemToObject(g, "nvlink", gpu_list_json(t, t->nvlink[i]));
+        cJSON_AddItemToArray(gpus, g);
+    }
+    return o;
+}
+
 static void print_json(const struct report *r)
 {
     const struct plan *pl = r->plan;
@@ -180,8 +261,8 @@ static void print_json(const struct report *r)
     cJSON_AddNumberToObject(pj, "optim_threads", pl->optim_threads);
     cJSON_AddStringToObject(pj, "update_mode", pl->update_mode == UPDATE_DURING_BACKWARD ? "during_backward"
                                                                                          : "after_backward");
-    cJSON_AddStringToObject(pj, "param_route", pl->param_route == PARAMS_SHARDED ? "sharded" : "replicated");
-    cJSON_AddStringToObject(pj, "grad_route", pl->grad_route == GRADS_GPU ? "gpu" : "cpu");
+    cJSON_AddStringToObject(pj, "param_route", param_route_name(pl->param_route));
+    cJSON_AddStringToObject(pj, "grad_route", grad_route_name(pl->grad_route));
     cJSON_AddNumberToObject(pj, "logits_rows", pl->logits_rows);
     cJSON_AddBoolToObject(pj, "accumulate_on_device", pl->accumulate_on_device);
     cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
@@ -220,6 +301,24 @@ static void print_json(const struct report *r)
     cJSON_AddNumberToObject(g, "logits", (double)in->gpu.logits);
     cJSON_AddNumberToObject(g, "misc", (double)in->gpu.misc);
     cJSON_AddNumberToObject(g, "workspace", (double)in->gpu.workspace);
+    cJSON_AddNumberToObject(g, "peer_buffers", (double)in->gpu.peer_bufs);
+
+    cJSON_AddItemToObject(o, "topology", topology_json(r));
+    cJSON *rj = cJSON_AddObjectToObject(o, "routes");
+    cJSON_AddStringToObject(rj, "param_route", param_route_name(pl->param_route));
+    cJSON_AddStringToObject(rj, "grad_route", grad_route_name(pl->grad_route));
+    cJSON_AddStringToObject(rj, "reason", in->route_reason);
+    cJSON *opts = cJSON_AddArrayToObject(rj, "options");
+    for (int i = 0; i < in->num_routes; i++) {
+        const struct plan_route_option *ro = &in->routes[i];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "param_route", param_route_name(ro->param_route));
+        cJSON_AddStringToObject(e, "grad_route", grad_route_name(ro->grad_route));
+        cJSON_AddBoolToObject(e, "fits", ro->fits);
+        cJSON_AddNumberToObject(e, "step_s", ro->step_s);
+        cJSON_AddNumberToObject(e, "gpu_bytes", (double)ro->gpu_bytes);
+        cJSON_AddItemToArray(opts, e);
+    }
 
     cJSON *h = cJSON_AddObjectToObject(o, "host_memory");
     cJSON_AddNumberToObject(h, "total", (double)in->host.total);
@@ -358,9 +457,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "slidedp-plan: calibration: %s\n", sd_errmsg());
         return 2;
     }
+    /* the launcher's topology; where there is no GPU to probe, assume no P2P rather than fail */
+    struct topology topo;
+    char bin_dir[PATH_MAX], topo_note[1024] = "";
+    if (fs_self_dir(bin_dir, sizeof bin_dir) != 0 || topology_for_job(&job, bin_dir, &topo) != 0) {
+        if (job.topology[0] || job.device == DEVICE_CPU) {
+            fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
+            return 2;
+        }
+        snprintf(topo_note, sizeof topo_note, "%s", sd_errmsg());
+        topology_assumed(job.gpus, &topo);
+    }
     struct plan plan;
     struct plan_info info = {0};
-    if (plan_choose(&job, &cfg, &cal, (int)sysconf(_SC_NPROCESSORS_ONLN), &plan, &info) != 0) {
+    if (plan_choose(&job, &cfg, &cal, &topo, (int)sysconf(_SC_NPROCESSORS_ONLN), &plan, &info) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         if (info.failed)
             print_failure(&job, &info, sd_errmsg(), json);
@@ -372,6 +482,8 @@ int main(int argc, char **argv)
         .plan = &plan,
         .info = &info,
         .cal = &cal,
+        .topo = &topo,
+        .topo_note = topo_note,
         .num_params = (double)model_config_num_params(&cfg),
         .tokens = (double)job.gpus * job.grad_accum * job.micro_batch * job.seq_len,
     };

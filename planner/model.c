@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "shm/ring.h"
+#include "shm/ctl.h"
 
 /* ---- per-op costs ---- */
 
@@ -238,8 +238,19 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
      * sums and the rmsnorm weight-gradient partials (at most 2 x 132 SMs slices of C) */
     int64_t op_scratch = N * cfg->num_heads * 4 > 264 * C * 4 ? N * cfg->num_heads * 4 : 264 * C * 4;
     out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)48 << 20) + al(op_scratch, a);
+    int G = job->gpus;
+    /* the exchange window (worker/pipeline.c) and, for GPU-side gradients, the shard sums */
+    if (plan_uses_exchange(mc->plan, G)) {
+        bool gpu_grads = mc->plan->grad_route == GRADS_GPU;
+        struct window_layout win;
+        ctl_window_layout(mc->lay->max_chunk_numel, G, wsize, gpu_grads, mc->plan->param_route == PARAMS_SHARDED,
+                          &win);
+        out->peer_bufs = al((int64_t)win.total, a);
+        for (int c = 0; c < mc->lay->num_chunks && gpu_grads; c++) /* a shard is at most n/G + 64 */
+            out->peer_bufs += al(((mc->lay->chunks[c].numel + G - 1) / G + 64) * 4, a);
+    }
     out->total = out->chunk_bufs + out->grad_bufs + out->layer_inputs + out->kept_acts + out->bwd_scratch +
-                 out->logits + out->misc + out->workspace;
+                 out->logits + out->misc + out->workspace + out->peer_bufs;
 }
 
 void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
@@ -278,13 +289,15 @@ struct centry {
 struct sim {
     const struct model_case *mc;
     bool cpu, tied, during, on_device;
+    bool shard_acc; /* GPU-side gradients: micro-steps reduce-scatter into shard accumulators */
     int nc, hc, G, A, K, S;
     double wake;
     /* per chunk, seconds */
     double *fwd, *bwd;             /* compute; the head chunk's forward holds the whole head pass */
     double *fetch_fwd, *fetch_bwd; /* weights in during the forward / the backward */
     double *bytes_fwd, *bytes_bwd; /* bytes those fills bring over the host link */
-    double *send;                  /* gradient out */
+    double *send;                  /* gradient out to the host */
+    double *exchange;              /* GPU-side gradients: the reduce-scatter over the peers */
     double *offload_out;           /* offloaded layer inputs out, during the forward */
     double *reduce, *update;       /* optimizer: one rank's gradient; the AdamW update */
     /* state */
@@ -410,21 +423,29 @@ static double buf_ready(const struct sim *s, int b)
 /* worker/pipeline.c io_grads_done and its poster thread: the worker waits for a free slot and
  * queues the copy behind the compute; the poster posts the descriptor once the copy has landed;
  * the owner adds the G ranks' gradients in rank order and frees the slots (we follow the last
- * rank, whose slot frees last). With on-device accumulation only the last micro-step sends. */
+ * rank, whose slot frees last). With on-device accumulation only the last micro-step sends; with
+ * GPU-side gradients every micro-step reduce-scatters over the peers and only the last one sends
+ * the rank's shard to the host. */
 static void grads_done(struct sim *s, int c, int buf, bool last_micro)
 {
     if (s->on_device && !last_micro)
         return;
+    bool to_host = last_micro || !s->shard_acc;
+    double dur = s->exchange[c] + (to_host ? s->send[c] : 0);
     int si = s->next_slot;
-    s->next_slot = (si + 1) % s->S;
-    wait_until(s, s->slot_free[si]);
+    if (to_host) {
+        s->next_slot = (si + 1) % s->S;
+        wait_until(s, s->slot_free[si]);
+    }
     double landed;
     if (s->cpu) { /* a synchronous copy on the worker's thread */
-        landed = s->host = s->comp = fmax(s->host, s->comp) + s->send[c];
+        landed = s->host = s->comp = fmax(s->host, s->comp) + dur;
     } else {
-        landed = s->d2h = fmax(fmax(s->host, s->comp), s->d2h) + s->send[c];
+        landed = s->d2h = fmax(fmax(s->host, s->comp), s->d2h) + dur;
     }
     s->buf_free[s->on_device ? c + 2 : buf] = landed;
+    if (!to_host)
+        return;
     s->poster = fmax(s->poster, landed + s->wake);
     int k = s->mc->owner[c];
     for (int r = 0; r < s->G; r++) {
@@ -551,9 +572,10 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     struct shape sh = shape_of(mc);
     struct rates rt = rates_of(mc);
     int nc = lay->num_chunks, G = job->gpus, A = job->grad_accum;
-    /* gradients sent per step: every micro-step's, or once with on-device accumulation */
-    int sends = p->accumulate_on_device ? 1 : A;
     bool sharded = p->param_route == PARAMS_SHARDED && G > 1, gpu_grads = p->grad_route == GRADS_GPU && G > 1;
+    /* gradients sent to the host per step: every micro-step's, or once when the micro-steps are
+     * summed on the device (on-device accumulation, or the GPU-side route's shard accumulators) */
+    int sends = p->accumulate_on_device || gpu_grads ? 1 : A;
 
     struct sim s = {
         .mc = mc,
@@ -561,6 +583,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
         .tied = mc->cfg->tie_word_embeddings,
         .during = p->update_mode == UPDATE_DURING_BACKWARD,
         .on_device = p->accumulate_on_device,
+        .shard_acc = gpu_grads,
         .nc = nc,
         .hc = nc - 1,
         .G = G,
@@ -570,13 +593,13 @@ void model_step(const struct model_case *mc, struct step_pred *out)
         .wake = cal->host.wake_s,
         .ncache = p->chunk_buffers,
     };
-    enum { PER_CHUNK = 13 };
+    enum { PER_CHUNK = 14 };
     double *arrays = calloc((size_t)nc * PER_CHUNK + (size_t)s.K + (size_t)s.S + (size_t)nc + 2, sizeof(double));
     s.cache = calloc((size_t)s.ncache, sizeof *s.cache);
     SD_ASSERT(arrays && s.cache);
-    double **per_chunk[PER_CHUNK] = {&s.fwd,         &s.bwd,    &s.fetch_fwd,  &s.fetch_bwd,     &s.bytes_fwd,
-                                     &s.bytes_bwd,   &s.send,   &s.offload_out, &s.reduce,       &s.update,
-                                     &s.version_at,  &s.next_version, &s.reduced_at};
+    double **per_chunk[PER_CHUNK] = {&s.fwd,        &s.bwd,         &s.fetch_fwd,    &s.fetch_bwd, &s.bytes_fwd,
+                                     &s.bytes_bwd,  &s.send,        &s.exchange,     &s.offload_out, &s.reduce,
+                                     &s.update,     &s.version_at,  &s.next_version, &s.reduced_at};
     for (int i = 0; i < PER_CHUNK; i++)
         *per_chunk[i] = arrays + (size_t)i * nc;
     s.opt_free = arrays + (size_t)nc * PER_CHUNK;
@@ -604,10 +627,11 @@ void model_step(const struct model_case *mc, struct step_pred *out)
             s.fetch_fwd[c] = fmax(host_part / rt.h2d_fwd, peer);
             s.fetch_bwd[c] = fmax(host_part / rt.h2d_bwd, peer);
             s.bytes_fwd[c] = s.bytes_bwd[c] = host_part;
-            /* GPU-side reduction: a reduce-scatter over the peers, then 1/G to the host */
-            s.send[c] = gpu_grads ? gbytes * (G - 1) / G / cal->gpu.p2p_bw + gbytes / G / rt.d2h : gbytes / rt.d2h;
+            /* GPU-side reduction: a reduce-scatter over the peers each micro-step, then 1/G to the host */
+            s.exchange[c] = gpu_grads ? gbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
+            s.send[c] = (gpu_grads ? gbytes / G : gbytes) / rt.d2h;
             out->d2h_bytes += sends * (gpu_grads ? gbytes / G : gbytes);
-            out->p2p_bytes += sends * (gpu_grads ? gbytes * (G - 1) / G : 0);
+            out->p2p_bytes += gpu_grads ? A * gbytes * (G - 1) / G : 0;
         }
         /* with GPU-side reduction each rank's descriptor carries the rank-summed 1/G of the chunk */
         s.reduce[c] = (double)ch->numel * REDUCE_BYTES / rt.reduce_bw / (gpu_grads ? G : 1);

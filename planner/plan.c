@@ -231,15 +231,20 @@ static int slot_candidates(const struct job_config *job, int *out)
 }
 
 /* Micro-steps summing their gradients on the device: forced, or tried on CUDA when there are
- * several (worker/model.c supports it on either backend; the CPU backend gains little). */
-static int accumulate_candidates(const struct job_config *job, int *out)
+ * several (worker/model.c supports it on either backend; the CPU backend gains little). Never with
+ * GPU-side gradients: their shard accumulators sum the micro-steps instead. */
+static int accumulate_candidates(const struct job_config *job, int grad_route, int *out)
 {
+    if (grad_route == GRADS_GPU) {
+        out[0] = 0;
+        return 1;
+    }
     if (job->accumulate_on_device >= 0) {
         out[0] = job->accumulate_on_device;
         return 1;
     }
     out[0] = 0;
-    if (job->device != DEVICE_CUDA || job->grad_accum < 2 || (job->grad_route == GRADS_GPU && job->gpus > 1))
+    if (job->device != DEVICE_CUDA || job->grad_accum < 2)
         return 1;
     out[1] = 1;
     return 2;
@@ -264,7 +269,7 @@ static int search_shapes(struct search *S, const struct plan *tmpl)
 {
     int lpcs[MAX_CANDS], bufs[MAX_CANDS], modes[2], accs[2];
     int nl = lpc_candidates(S->job, S->cfg->num_layers, lpcs), nm = mode_candidates(S->job, modes);
-    int na = accumulate_candidates(S->job, accs);
+    int na = accumulate_candidates(S->job, tmpl->grad_route, accs);
     for (int i = 0; i < nl; i++) {
         struct cand_layout cl;
         if (cand_layout_build(S->cfg, lpcs[i], &cl) != 0)
@@ -342,13 +347,10 @@ static int search_all(struct search *S, const struct plan *tmpl)
     return search_shapes(S, &again);
 }
 
-/* The chosen plan again with a route or policy the workers do not have yet. */
-static void add_whatif(struct search *S, struct plan_info *info, const char *what, int param_route, int grad_route,
-                       bool offload)
+/* The chosen plan again with a policy the workers do not have yet. */
+static void add_whatif(struct search *S, struct plan_info *info, const char *what, bool offload)
 {
     struct plan p = S->best;
-    p.param_route = param_route;
-    p.grad_route = grad_route;
     struct cand_layout cl;
     if (info->num_whatifs >= PLAN_MAX_WHATIF || cand_layout_build(S->cfg, p.layers_per_chunk, &cl) != 0)
         return;
@@ -360,6 +362,113 @@ static void add_whatif(struct search *S, struct plan_info *info, const char *wha
     w->step_s = w->fits ? pr.pred.step_s : 0;
     w->gpu_bytes = w->fits ? pr.gpu.total : 0;
     cand_layout_free(&cl);
+}
+
+/* ---- routes ---- */
+
+/* The route combinations a job may take, and why. */
+struct route_set {
+    int n;
+    int param_route[PLAN_MAX_ROUTES], grad_route[PLAN_MAX_ROUTES];
+    char reason[200];
+};
+
+/* The error for a forced peer route on a host where GPUs a and b have no P2P. */
+static int no_p2p_err(const char *key, const char *value, int a, int b)
+{
+    return sd_err("[runtime] %s = %s needs P2P between every pair of GPUs; GPUs %d and %d have none", key, value, a, b);
+}
+
+/* One GPU: no peers. Forced routes: as job.ini says, where every pair of GPUs has P2P. Auto: the
+ * peer routes are tried where every pair has P2P, except on the CPU backend, whose peer copies go
+ * through shared memory rather than a PCIe link and save nothing. */
+static int route_candidates(const struct job_config *job, const struct topology *topo, struct route_set *rs)
+{
+    if (job->grad_route == GRADS_GPU && job->accumulate_on_device == 1)
+        return sd_err("[runtime] accumulate_on_device = true cannot go with grad_route = gpu (its shard accumulators "
+                      "sum the micro-steps on the GPUs)");
+    memset(rs, 0, sizeof *rs);
+    int a = 0, b = 0;
+    bool peers = job->gpus > 1, all_p2p = topology_all_p2p(topo, &a, &b);
+    if (peers && !all_p2p && job->param_route == PARAMS_SHARDED)
+        return no_p2p_err("param_route", "sharded", a, b);
+    if (peers && !all_p2p && job->grad_route == GRADS_GPU)
+        return no_p2p_err("grad_route", "gpu", a, b);
+    bool auto_params = job->param_route == ROUTE_AUTO, auto_grads = job->grad_route == GRADS_AUTO;
+    bool try_peers = peers && all_p2p && job->device != DEVICE_CPU;
+    int params[2] = {PARAMS_REPLICATED, PARAMS_SHARDED}, grads[2] = {GRADS_CPU, GRADS_GPU};
+    int np = 1, ng = 1;
+    if (!peers) {
+        snprintf(rs->reason, sizeof rs->reason, "one GPU");
+    } else {
+        if (!auto_params)
+            params[0] = job->param_route;
+        else if (try_peers)
+            np = 2;
+        if (!auto_grads)
+            grads[0] = job->grad_route;
+        else if (try_peers && job->accumulate_on_device != 1)
+            ng = 2;
+        if (!auto_params && !auto_grads)
+            snprintf(rs->reason, sizeof rs->reason, "set in job.ini");
+        else if (np * ng > 1)
+            snprintf(rs->reason, sizeof rs->reason, "the fastest of %d combinations%s", np * ng,
+                     !auto_params ? " (params set in job.ini)" : !auto_grads ? " (grads set in job.ini)" : "");
+        else if (job->device == DEVICE_CPU)
+            snprintf(rs->reason, sizeof rs->reason,
+                     "CPU backend: peer copies go through shared memory, not a link of their own");
+        else if (!all_p2p)
+            snprintf(rs->reason, sizeof rs->reason, "no P2P between GPUs %d and %d", a, b);
+        else
+            snprintf(rs->reason, sizeof rs->reason, "accumulate_on_device = true keeps the gradients on the CPU route");
+    }
+    for (int i = 0; i < np; i++)
+        for (int j = 0; j < ng; j++) {
+            rs->param_route[rs->n] = params[i];
+            rs->grad_route[rs->n++] = grads[j];
+        }
+    return 0;
+}
+
+/* Searches each route combination from base; *best becomes the search of the fastest (a later
+ * combination must beat it by more than noise), or, when none fits, one whose smallest plan is
+ * the smallest of all. options[i] receives combination i's fastest plan. */
+static int search_routes(const struct search *base, const struct plan *tmpl, const struct route_set *rs,
+                         struct search *best, struct plan_route_option *options)
+{
+    *best = *base;
+    int evaluated = 0;
+    for (int i = 0; i < rs->n; i++) {
+        struct search S = *base;
+        struct plan t = *tmpl;
+        t.param_route = rs->param_route[i];
+        t.grad_route = rs->grad_route[i];
+        if (search_all(&S, &t) != 0)
+            return -1;
+        evaluated += S.evaluated;
+        options[i] = (struct plan_route_option){
+            .param_route = t.param_route,
+            .grad_route = t.grad_route,
+            .fits = S.found,
+            .step_s = S.found ? S.best_pred.step_s : 0,
+            .gpu_bytes = S.found ? S.best_gpu.total : 0,
+        };
+        bool faster = S.found && (!best->found || S.best_pred.step_s < best->best_pred.step_s * 0.998);
+        bool smaller = !best->found && !S.found && S.min_need < best->min_need;
+        if (faster || smaller)
+            *best = S;
+    }
+    best->evaluated = evaluated;
+    return 0;
+}
+
+static void report_routes(struct plan_info *info, const struct route_set *rs, const struct plan_route_option *options,
+                          bool found)
+{
+    info->num_routes = rs->n;
+    memcpy(info->routes, options, sizeof(*options) * (size_t)rs->n);
+    snprintf(info->route_reason, sizeof info->route_reason, "%s%s", rs->reason,
+             found || rs->n == 1 ? "" : "; none fits");
 }
 
 /* When nothing fits: the host memory the smallest plan would need, and whether offloading the
@@ -399,8 +508,8 @@ static void explain_failure(struct search *S, const struct plan *tmpl, struct pl
     };
 }
 
-int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal, int host_cpus,
-                struct plan *plan, struct plan_info *info)
+int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
+                const struct topology *topo, int host_cpus, struct plan *plan, struct plan_info *info)
 {
     memset(plan, 0, sizeof *plan);
     int L = cfg->num_layers;
@@ -422,15 +531,16 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     if (job->update_mode == UPDATE_DURING_BACKWARD && job->grad_clip > 0)
         return sd_err("[runtime] update_mode = during_backward needs train.grad_clip = 0 (clipping needs the global "
                       "norm before any update)");
-    if (job->grad_route == GRADS_GPU && job->accumulate_on_device == 1)
-        return sd_err("[runtime] accumulate_on_device = true cannot go with grad_route = gpu (the GPU-side "
-                      "gradient shards already sum the micro-steps)");
+    SD_ASSERT(topo->gpus == job->gpus);
+    struct route_set routes;
+    if (route_candidates(job, topo, &routes) != 0)
+        return -1;
 
     bool cpu = job->device == DEVICE_CPU;
-    struct search S = {.job = job, .cfg = cfg, .cal = cal, .host_cpus = host_cpus, .min_need = INT64_MAX};
-    S.host_avail = cal->mem_available;
-    S.budget = job->gpu_mem > 0 ? job->gpu_mem : cpu ? INT64_MAX : (int64_t)cal->gpu.mem_bytes;
-    S.enforce_host = true;
+    struct search base = {.job = job, .cfg = cfg, .cal = cal, .host_cpus = host_cpus, .min_need = INT64_MAX};
+    base.host_avail = cal->mem_available;
+    base.budget = job->gpu_mem > 0 ? job->gpu_mem : cpu ? INT64_MAX : (int64_t)cal->gpu.mem_bytes;
+    base.enforce_host = true;
 
     struct plan tmpl = {
         .layers_per_chunk = 1,
@@ -438,26 +548,32 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         .grad_slots = job->grad_slots > 0 ? job->grad_slots : 4,
         .optim_procs = job->optim_procs > 0 ? job->optim_procs : imin(CTL_MAX_OPTIM, imax(1, host_cpus - job->gpus)),
         .optim_threads = job->optim_threads > 0 ? job->optim_threads : 1,
-        .param_route = job->param_route == PARAMS_SHARDED && job->gpus > 1 ? PARAMS_SHARDED : PARAMS_REPLICATED,
-        .grad_route = job->grad_route == GRADS_GPU && job->gpus > 1 ? GRADS_GPU : GRADS_CPU,
+        .param_route = PARAMS_REPLICATED,
+        .grad_route = GRADS_CPU,
     };
     /* about 64 MiB of logits at a time, as worker/model.c chooses */
     int64_t N = (int64_t)job->micro_batch * job->seq_len;
     int64_t rows = ((int64_t)64 << 20) / ((int64_t)cfg->vocab_size * (cpu ? 4 : 2));
     tmpl.logits_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
 
-    if (search_all(&S, &tmpl) != 0)
+    struct search S;
+    struct plan_route_option options[PLAN_MAX_ROUTES];
+    if (search_routes(&base, &tmpl, &routes, &S, options) != 0)
         return -1;
     bool host_fits = S.found;
     if (!S.found) { /* nothing fits the host's memory too: plan for the device alone, and say so */
-        S.enforce_host = false;
-        S.min_need = INT64_MAX;
-        if (search_all(&S, &tmpl) != 0)
+        base.enforce_host = false;
+        if (search_routes(&base, &tmpl, &routes, &S, options) != 0)
             return -1;
     }
     if (!S.found) {
-        if (info)
-            explain_failure(&S, &tmpl, info);
+        if (info) {
+            struct plan smallest_routes = tmpl;
+            smallest_routes.param_route = S.min_plan.param_route;
+            smallest_routes.grad_route = S.min_plan.grad_route;
+            explain_failure(&S, &smallest_routes, info);
+            report_routes(info, &routes, options, false);
+        }
         char budget[32], need[32], forced[160];
         fmt_gib(budget, sizeof budget, S.budget);
         fmt_gib(need, sizeof need, S.min_need);
@@ -501,23 +617,20 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
                            : S.host_avail > 0 ? (S.host_avail - (S.best_host.total - S.best_host.workers)) / job->gpus
                                               : 0;
         info->evaluated = S.evaluated;
-        if (!cpu && job->gpus > 1) {
-            add_whatif(&S, info, "params sharded over GPU peers", PARAMS_SHARDED, GRADS_CPU, false);
-            add_whatif(&S, info, "grads reduced on GPUs", PARAMS_REPLICATED, GRADS_GPU, false);
-            add_whatif(&S, info, "both", PARAMS_SHARDED, GRADS_GPU, false);
-        }
+        report_routes(info, &routes, options, true);
         if (!cpu)
-            add_whatif(&S, info, "recomputed layers' inputs offloaded to host", PARAMS_REPLICATED, GRADS_CPU, true);
+            add_whatif(&S, info, "recomputed layers' inputs offloaded to host", true);
     }
     return 0;
 }
 
-int plan_make(const struct job_config *job, const struct model_config *cfg, int host_cpus, struct plan *plan)
+int plan_make(const struct job_config *job, const struct model_config *cfg, const struct topology *topo,
+              int host_cpus, struct plan *plan)
 {
     struct calib cal;
     if (calib_load(&cal) != 0)
         return sd_err_prefix("planner calibration");
-    return plan_choose(job, cfg, &cal, host_cpus, plan, NULL);
+    return plan_choose(job, cfg, &cal, topo, host_cpus, plan, NULL);
 }
 
 void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner)

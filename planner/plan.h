@@ -1,6 +1,6 @@
-/* The planner: chooses a job's execution plan (common/plan.h) from job.ini, the model and the
- * host with the step-time model (planner/model.h) and the host's calibration (planner/calib.h),
- * and assigns chunks to optimizer processes. */
+/* The planner: chooses a job's execution plan (common/plan.h) from job.ini, the model, the host's
+ * GPU topology (common/topology.h) with the step-time model (planner/model.h) and the host's
+ * calibration (planner/calib.h), and assigns chunks to optimizer processes. */
 #ifndef SD_PLANNER_H
 #define SD_PLANNER_H
 
@@ -11,10 +11,11 @@
 #include "common/layout.h"
 #include "common/model_config.h"
 #include "common/plan.h"
+#include "common/topology.h"
 #include "planner/calib.h"
 #include "planner/model.h"
 
-/* A route or policy the workers do not implement yet, priced on the chosen plan. */
+/* A policy the workers do not implement yet (offloaded layer inputs), priced on the chosen plan. */
 struct plan_whatif {
     const char *what;
     bool fits;
@@ -23,7 +24,18 @@ struct plan_whatif {
     int64_t gpu_bytes;
 };
 
-#define PLAN_MAX_WHATIF 4
+#define PLAN_MAX_WHATIF 1
+
+/* A combination of parameter and gradient routes, and the fastest plan found with it. */
+struct plan_route_option {
+    int param_route;  /* enum param_route */
+    int grad_route;   /* enum grad_route */
+    bool fits;
+    double step_s;
+    int64_t gpu_bytes;
+};
+
+#define PLAN_MAX_ROUTES 4
 
 /* What slidedp-plan reports beside the plan. */
 struct plan_info {
@@ -40,18 +52,24 @@ struct plan_info {
     int64_t min_gpu_bytes;  /* the smallest device memory any plan needs */
     int num_whatifs;
     struct plan_whatif whatifs[PLAN_MAX_WHATIF];
+    int num_routes;         /* route combinations searched, in the order tried */
+    struct plan_route_option routes[PLAN_MAX_ROUTES];
+    char route_reason[256]; /* why these routes: forced, one GPU, no P2P, fastest, ... */
 };
 
 /* Fills plan with the fastest plan that fits runtime.gpu_mem (auto: the calibrated device memory
- * on CUDA, host memory on the CPU backend) and host memory, honouring every choice job.ini makes.
- * Fails with a message naming the job.ini key when a forced choice is impossible, and with the
- * smallest budget that would do when nothing fits. Measures or reads the host's calibration. */
-int plan_make(const struct job_config *job, const struct model_config *cfg, int host_cpus, struct plan *plan);
+ * on CUDA, host memory on the CPU backend) and host memory, honouring every choice job.ini makes;
+ * the routes are those topo (job->gpus ranks) allows: peer routes only where every pair of GPUs
+ * has P2P, and never chosen automatically on the CPU backend. Fails with a message naming the
+ * job.ini key when a forced choice is impossible, and with the smallest budget that would do when
+ * nothing fits. Measures or reads the host's calibration. */
+int plan_make(const struct job_config *job, const struct model_config *cfg, const struct topology *topo,
+              int host_cpus, struct plan *plan);
 
 /* plan_make with a given calibration; info (may be NULL) receives the details, also when nothing
  * fits. */
-int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal, int host_cpus,
-                struct plan *plan, struct plan_info *info);
+int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
+                const struct topology *topo, int host_cpus, struct plan *plan, struct plan_info *info);
 
 /* Optimizer process of each chunk: largest chunks first onto the least loaded process, so each
  * process gets about the same number of parameters (deterministic). */

@@ -76,20 +76,13 @@ static uint64_t param_shard_capacity(int64_t max_chunk_numel, int gpus)
     return ((uint64_t)most + 63) & ~(uint64_t)63;
 }
 
-uint64_t ctl_window_grad_slot(int64_t max_chunk_numel, int slot)
+void ctl_window_layout(int64_t max_chunk_numel, int gpus, int weight_size, bool grad_slots, bool param_slots,
+                       struct window_layout *out)
 {
-    return (uint64_t)slot * (uint64_t)max_chunk_numel * 4;
-}
-
-uint64_t ctl_window_param_slot(int64_t max_chunk_numel, int gpus, int weight_size, int slot)
-{
-    return ctl_window_grad_slot(max_chunk_numel, XCHG_SLOTS) +
-           (uint64_t)slot * param_shard_capacity(max_chunk_numel, gpus) * (uint64_t)weight_size;
-}
-
-uint64_t ctl_window_bytes(int64_t max_chunk_numel, int gpus, int weight_size)
-{
-    return ctl_window_param_slot(max_chunk_numel, gpus, weight_size, XCHG_SLOTS);
+    out->grad_slot_bytes = grad_slots ? (uint64_t)max_chunk_numel * 4 : 0;
+    out->param_base = XCHG_SLOTS * out->grad_slot_bytes;
+    out->param_slot_bytes = param_slots ? param_shard_capacity(max_chunk_numel, gpus) * (uint64_t)weight_size : 0;
+    out->total = out->param_base + XCHG_SLOTS * out->param_slot_bytes;
 }
 
 void ctl_xchg_reset(struct ctl_header *h, uint32_t committed)

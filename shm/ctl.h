@@ -17,6 +17,7 @@
 #include "common/layout.h"
 #include "common/model_config.h"
 #include "common/plan.h"
+#include "common/topology.h"
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
@@ -236,6 +237,7 @@ struct ctl_header {
     alignas(64) _Atomic uint32_t ckpt_done_step; /* last step whose disk checkpoint is written */
     alignas(64) _Atomic uint32_t workers_ready;  /* workers that finished start-up */
     _Atomic uint32_t abandoned_step;             /* a step that can no longer complete (stop) */
+    struct topology topo;                        /* the ranks' GPUs and the links between them */
 };
 
 /* Region sizes and offsets for a job shape; overflow-checked. */
@@ -255,12 +257,16 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
                       int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, uint64_t window_shm_bytes,
                       struct ctl_sizes *out);
 
-/* Bytes of one rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk (fp32) and
- * XCHG_SLOTS parameter-shard slots of weight_size-byte elements. */
-uint64_t ctl_window_bytes(int64_t max_chunk_numel, int gpus, int weight_size);
-/* Byte offsets of the slots inside a window. */
-uint64_t ctl_window_grad_slot(int64_t max_chunk_numel, int slot);
-uint64_t ctl_window_param_slot(int64_t max_chunk_numel, int gpus, int weight_size, int slot);
+/* One rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk in fp32 (GPU-side
+ * gradients), then XCHG_SLOTS parameter-shard slots of weight_size-byte elements (sharded
+ * parameters); byte offsets. */
+struct window_layout {
+    uint64_t grad_slot_bytes;  /* 0 without GPU-side gradients */
+    uint64_t param_base, param_slot_bytes; /* 0 without sharded parameters */
+    uint64_t total;
+};
+void ctl_window_layout(int64_t max_chunk_numel, int gpus, int weight_size, bool grad_slots, bool param_slots,
+                       struct window_layout *out);
 /* Puts the exchange back at the start of step committed + 1 with no windows published (while no
  * worker runs). */
 void ctl_xchg_reset(struct ctl_header *h, uint32_t committed);

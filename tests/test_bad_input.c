@@ -121,6 +121,12 @@ static const struct bad_case cases[] = {
      "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 400/; s/\"hidden_size\": 64/\"hidden_size\": 16384/; "
      "s/\"intermediate_size\": 192/\"intermediate_size\": 65536/' %s/model/config.json",
      "[model]\ninit = random\n", NULL, "not enough"},
+    {"topology file missing", NULL, NULL, "runtime.topology=host.ini", "host.ini' is not a file"},
+    {"bad topology file", "printf '[gpus]\\ncount = 2\\np2p = 0-5\\n' > %s/host.ini", NULL, "runtime.topology=host.ini",
+     "host.ini:3: [gpus] p2p: pair 0-5: GPU 5 is not one of 0..1"},
+    {"sharded params without P2P", "printf '[gpus]\\ncount = 2\\np2p = none\\n' > %s/host.ini",
+     "[runtime]\ntopology = host.ini\nparam_route = sharded\n", "runtime.gpus=2",
+     "param_route = sharded needs P2P between every pair of GPUs; GPUs 0 and 1 have none"},
 #ifndef SD_HAVE_CUDA
     {"cuda device in a CPU-only build", NULL, NULL, "runtime.device=cuda", "no CUDA backend"},
 #endif

@@ -1,7 +1,8 @@
 /* The planner's model and search against numbers worked out by hand: FLOPs of a layer, weight and
- * gradient bytes per step for a chunk cache depth, device and host memory of a small config, the
- * switch to recomputing layers as gpu_mem shrinks, the "nothing fits" error with the smallest
- * budget, and job.ini choices honoured. A fixed calibration, so no timing is involved. */
+ * gradient bytes per step for a chunk cache depth and for the peer routes, device and host memory
+ * of a small config, the switch to recomputing layers as gpu_mem shrinks, the "nothing fits" error
+ * with the smallest budget, job.ini choices honoured, and the routes chosen for simulated 4-GPU
+ * hosts with and without P2P. A fixed calibration, so no timing is involved. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -180,6 +181,28 @@ static void test_bytes_per_pass(void **state)
     assert_true(fabs(pred.d2h_bytes - lay.total_numel * 4.0) < 1);
     assert_true(fabs(pred.optim_bytes - (12.0 + 30.0) * lay.total_numel) < 1);
     layout_free(&lay);
+
+    /* GPU-side gradients on 2 ranks: every micro-step reduce-scatters half of each gradient over
+     * the peer link into the shard accumulators; once per step each rank sends its half to the
+     * host, and the optimizers add one gradient's worth */
+    job.gpus = 2;
+    p.accumulate_on_device = 0;
+    p.grad_route = GRADS_GPU;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    double total = (double)lay.total_numel;
+    assert_true(fabs(pred.h2d_bytes - total * 2.0) < 1);
+    assert_true(fabs(pred.d2h_bytes - total * 4.0 / 2) < 1);
+    assert_true(fabs(pred.p2p_bytes - 5 * total * 4.0 / 2) < 1);
+    assert_true(fabs(pred.optim_bytes - (12.0 + 30.0) * total) < 1);
+    layout_free(&lay);
+    /* sharded parameters too: half of each chunk from the host, the other half from the peer */
+    p.param_route = PARAMS_SHARDED;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_true(fabs(pred.h2d_bytes - total * 2.0 / 2) < 1);
+    assert_true(fabs(pred.p2p_bytes - (5 * total * 4.0 / 2 + total * 2.0 / 2)) < 1);
+    printf("# 2 ranks, both peer routes: %.0f bytes in, %.0f out, %.0f over the peer link per rank and step\n",
+           pred.h2d_bytes, pred.d2h_bytes, pred.p2p_bytes);
+    layout_free(&lay);
 }
 
 static void test_memory_footprint(void **state)
@@ -235,13 +258,38 @@ static void test_memory_footprint(void **state)
     p.accumulate_on_device = 1;
     price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
     assert_int_equal(gm.grad_bufs, (2048 + 2 * 51200) * 4 + (51200 + 51200 + 2048) * 4);
+    assert_int_equal(gm.peer_bufs, 0);
     layout_free(&lay);
+    /* the peer routes on 2 ranks (shm/ctl.h window_layout): 2 exchange slots of half the largest
+     * chunk in bf16 (sharded params); 2 exchange slots of the largest chunk in fp32 and a shard sum
+     * per chunk of at most half the chunk + 64 elements (GPU-side gradients, which replace the
+     * on-device accumulation) */
+    p.accumulate_on_device = 0;
+    p.param_route = PARAMS_SHARDED;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(gm.peer_bufs, 2 * 25600 * 2);
+    layout_free(&lay);
+    p.grad_route = GRADS_GPU;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(gm.peer_bufs, 2 * 51200 * 4 + 2 * 25600 * 2 + 2 * (1024 + 64) * 4 + 2 * (25600 + 64) * 4);
+    assert_int_equal(gm.total, gm.chunk_bufs + gm.grad_bufs + gm.layer_inputs + gm.kept_acts + gm.bwd_scratch +
+                                   gm.logits + gm.misc + gm.workspace + gm.peer_bufs);
+    layout_free(&lay);
+}
+
+/* Plans on a host without P2P (the routes are test_topology's subject). */
+static int plan_no_p2p(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
+                       struct plan *p, struct plan_info *info)
+{
+    struct topology topo;
+    topology_assumed(job->gpus, &topo);
+    return plan_choose(job, cfg, cal, &topo, 8, p, info);
 }
 
 static int choose(const struct job_config *job, const struct model_config *cfg, struct plan *p, struct plan_info *info)
 {
     struct calib cal = test_calib();
-    return plan_choose(job, cfg, &cal, 8, p, info);
+    return plan_no_p2p(job, cfg, &cal, p, info);
 }
 
 static int kept_of(const struct plan *p, int L)
@@ -381,7 +429,7 @@ static void test_bottleneck(void **state)
     /* a slow link, few tokens, weights streamed twice: the transfers bound the step; in the
      * backward the weights and the gradients share the link (each at the bidirectional rate) */
     cal.gpu.h2d_bw = cal.gpu.d2h_bw = cal.gpu.bidir_bw = 2e9;
-    assert_int_equal(plan_choose(&job, &cfg, &cal, 8, &p, &info), 0);
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
     printf("# slow link: step %.4f s, h2d %.4f s, d2h %.4f s, compute %.4f s, %s\n", p.predicted_step_s,
            p.predicted_h2d_s, p.predicted_d2h_s, p.predicted_compute_s, plan_bottleneck_name(p.bottleneck));
     assert_true(p.bottleneck == BOTTLENECK_H2D || p.bottleneck == BOTTLENECK_D2H);
@@ -399,7 +447,7 @@ static void test_bottleneck(void **state)
     job = job_of(DEVICE_CUDA, 1, 1, 512, 4);
     job.layers_per_chunk = 1;
     job.chunk_buffers = 10;
-    assert_int_equal(plan_choose(&job, &cfg, &cal, 8, &p, &info), 0);
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
     printf("# slow weights: step %.4f s, h2d %.4f s, d2h %.4f s, compute %.4f s, %s\n", p.predicted_step_s,
            p.predicted_h2d_s, p.predicted_d2h_s, p.predicted_compute_s, plan_bottleneck_name(p.bottleneck));
     assert_int_equal(p.bottleneck, BOTTLENECK_H2D);
@@ -413,11 +461,167 @@ static void test_bottleneck(void **state)
      * process) and the gradient copies the worker waits for */
     cal = test_calib();
     job = job_of(DEVICE_CUDA, 1, 16, 4096, 4);
-    assert_int_equal(plan_choose(&job, &cfg, &cal, 8, &p, &info), 0);
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
     printf("# compute bound: step %.4f s, compute %.4f s, %s\n", p.predicted_step_s, p.predicted_compute_s,
            plan_bottleneck_name(p.bottleneck));
     assert_int_equal(p.bottleneck, BOTTLENECK_COMPUTE);
     assert_true(p.predicted_step_s >= p.predicted_compute_s && p.predicted_step_s < 1.5 * p.predicted_compute_s);
+}
+
+/* A host from a description file in examples/, for `ranks` ranks. */
+static struct topology host_of(const char *example, int ranks)
+{
+    struct topology host, t;
+    if (topology_load(tu_src(example), &host) != 0)
+        fail_msg("%s", sd_errmsg());
+    topology_for_ranks(&host, ranks, &t);
+    return t;
+}
+
+static const char *routes_name(int param_route, int grad_route)
+{
+    static const char *names[2][2] = {{"replicated/cpu", "replicated/gpu"}, {"sharded/cpu", "sharded/gpu"}};
+    return names[param_route == PARAMS_SHARDED][grad_route == GRADS_GPU];
+}
+
+/* The Qwen3-14B shape of examples/qwen3-14b-4x24g.ini on the 4-GPU host of
+ * examples/topology-4gpu-{p2p,no-p2p}.ini, at 24 GiB and 80 GiB per GPU: with P2P the planner
+ * takes the route combination the model prices fastest (each priced again here by forcing it);
+ * without P2P it keeps replicated/cpu, and forcing a peer route fails naming a pair. */
+static void test_routes_from_topology(void **state)
+{
+    struct model_config cfg;
+    char cfg_path[1100];
+    snprintf(cfg_path, sizeof cfg_path, "%s", tu_src("examples/qwen3-14b/config.json"));
+    assert_int_equal(model_config_load(cfg_path, &cfg), 0);
+    struct topology p2p = host_of("examples/topology-4gpu-p2p.ini", 4);
+    struct topology none = host_of("examples/topology-4gpu-no-p2p.ini", 4);
+    struct calib cal = test_calib();
+    struct plan p;
+    struct plan_info info;
+    const int params[2] = {PARAMS_REPLICATED, PARAMS_SHARDED}, grads[2] = {GRADS_CPU, GRADS_GPU};
+    bool peers_won = false;
+    for (int budget = 24; budget <= 80; budget += 56) {
+        struct job_config job = job_of(DEVICE_CUDA, 4, 1, 4096, 8);
+        job.gpu_mem = (int64_t)budget << 30;
+        /* the model's price of each combination, forced */
+        double step[4];
+        int fastest = -1;
+        for (int i = 0; i < 4; i++) {
+            job.param_route = params[i / 2];
+            job.grad_route = grads[i % 2];
+            int rc = plan_choose(&job, &cfg, &cal, &p2p, 8, &p, NULL);
+            step[i] = rc == 0 ? p.predicted_step_s : INFINITY;
+            if (rc == 0) {
+                assert_int_equal(p.param_route, params[i / 2]);
+                assert_int_equal(p.grad_route, grads[i % 2]);
+                assert_true(p.gpu_bytes <= job.gpu_mem);
+                if (p.grad_route == GRADS_GPU)
+                    assert_int_equal(p.accumulate_on_device, 0);
+            } else {
+                assert_non_null(strstr(sd_errmsg(), "no plan fits"));
+            }
+            if (rc == 0)
+                printf("# 14B, 4 x %d GiB with P2P, %-14s forced: step %.4f s\n", budget,
+                       routes_name(params[i / 2], grads[i % 2]), step[i]);
+            else
+                printf("# 14B, 4 x %d GiB with P2P, %-14s forced: does not fit\n", budget,
+                       routes_name(params[i / 2], grads[i % 2]));
+            /* the planner's rule: a later combination must be faster by more than 0.2% */
+            if (rc == 0 && (fastest < 0 || step[i] < step[fastest] * 0.998))
+                fastest = i;
+        }
+        assert_true(fastest >= 0);
+        job.param_route = ROUTE_AUTO;
+        job.grad_route = GRADS_AUTO;
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &p2p, 8, &p, &info), 0);
+        printf("# 14B, 4 x %d GiB with P2P, auto: %s, step %.4f s (%s)\n", budget,
+               routes_name(p.param_route, p.grad_route), p.predicted_step_s, info.route_reason);
+        assert_int_equal(p.param_route, params[fastest / 2]);
+        assert_int_equal(p.grad_route, grads[fastest % 2]);
+        assert_true(fabs(p.predicted_step_s - step[fastest]) <= 1e-9 * step[fastest]);
+        assert_int_equal(info.num_routes, 4);
+        for (int i = 0; i < 4; i++)
+            assert_true(info.routes[i].fits ? fabs(info.routes[i].step_s - step[i]) <= 1e-9 * step[i] : isinf(step[i]));
+        assert_non_null(strstr(info.route_reason, "fastest of 4"));
+        peers_won |= fastest != 0;
+
+        /* no P2P: replicated/cpu, the same plan as forcing it where P2P exists */
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, &info), 0);
+        printf("# 14B, 4 x %d GiB without P2P, auto: %s, step %.4f s (%s)\n", budget,
+               routes_name(p.param_route, p.grad_route), p.predicted_step_s, info.route_reason);
+        assert_int_equal(p.param_route, PARAMS_REPLICATED);
+        assert_int_equal(p.grad_route, GRADS_CPU);
+        assert_true(fabs(p.predicted_step_s - step[0]) <= 1e-9 * step[0]);
+        assert_string_equal(info.route_reason, "no P2P between GPUs 0 and 1");
+        job.param_route = PARAMS_SHARDED;
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, NULL), -1);
+        assert_string_equal(sd_errmsg(), "[runtime] param_route = sharded needs P2P between every pair of GPUs; GPUs 0 "
+                                         "and 1 have none");
+        job.param_route = ROUTE_AUTO;
+        job.grad_route = GRADS_GPU;
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, NULL), -1);
+        assert_string_equal(sd_errmsg(), "[runtime] grad_route = gpu needs P2P between every pair of GPUs; GPUs 0 and "
+                                         "1 have none");
+    }
+    /* with 80 GiB the shard accumulators fit and the peer routes pay for themselves */
+    assert_true(peers_won);
+}
+
+/* Plans job on t and checks the routes and why they were taken. */
+static void expect_routes(const struct job_config *job, const struct topology *t, int param_route, int grad_route,
+                          const char *reason, struct plan *p, struct plan_info *info)
+{
+    struct model_config cfg = medium();
+    struct calib cal = test_calib();
+    assert_int_equal(plan_choose(job, &cfg, &cal, t, 8, p, info), 0);
+    printf("# %d x %s: %s (%s)\n", job->gpus, job->device == DEVICE_CPU ? "cpu" : "cuda",
+           routes_name(p->param_route, p->grad_route), info->route_reason);
+    assert_int_equal(p->param_route, param_route);
+    assert_int_equal(p->grad_route, grad_route);
+    assert_non_null(strstr(info->route_reason, reason));
+}
+
+/* Route rules beyond the topology: one GPU, the CPU backend, P2P within pairs only, and on-device
+ * accumulation. */
+static void test_route_rules(void **state)
+{
+    struct model_config cfg = medium();
+    struct plan p;
+    struct plan_info info;
+    struct calib cal = test_calib();
+    /* one GPU: no peers, whatever job.ini asks */
+    struct job_config job = job_of(DEVICE_CUDA, 1, 2, 512, 2);
+    struct topology t = host_of("examples/topology-4gpu-p2p.ini", 1);
+    job.param_route = PARAMS_SHARDED;
+    expect_routes(&job, &t, PARAMS_REPLICATED, GRADS_CPU, "one GPU", &p, &info);
+    /* the CPU backend: auto stays replicated/cpu; forced peer routes are taken */
+    job = job_of(DEVICE_CPU, 2, 2, 64, 2);
+    topology_cpu(2, &t);
+    expect_routes(&job, &t, PARAMS_REPLICATED, GRADS_CPU, "CPU backend", &p, &info);
+    job.param_route = PARAMS_SHARDED;
+    job.grad_route = GRADS_GPU;
+    expect_routes(&job, &t, PARAMS_SHARDED, GRADS_GPU, "set in job.ini", &p, &info);
+    /* P2P within the pairs 0-1 and 2-3 only: the error names the first pair without */
+    job = job_of(DEVICE_CUDA, 4, 2, 512, 2);
+    t = host_of("examples/topology-4gpu-p2p.ini", 4);
+    for (int i = 0; i < 4; i++)
+        t.p2p[i] = (uint64_t)1 << (i ^ 1);
+    job.grad_route = GRADS_GPU;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, &p, NULL), -1);
+    assert_non_null(strstr(sd_errmsg(), "GPUs 0 and 2 have none"));
+    /* the GPU-side route's shard accumulators replace on-device accumulation */
+    t = host_of("examples/topology-4gpu-p2p.ini", 4);
+    job.accumulate_on_device = 1;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, &p, NULL), -1);
+    printf("# %s\n", sd_errmsg());
+    assert_non_null(strstr(sd_errmsg(), "accumulate_on_device = true cannot go with grad_route = gpu"));
+    job.grad_route = GRADS_AUTO;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, &p, &info), 0);
+    assert_int_equal(p.grad_route, GRADS_CPU);
+    assert_int_equal(p.accumulate_on_device, 1);
+    assert_string_equal(info.route_reason, "the fastest of 2 combinations");
+    assert_int_equal(info.num_routes, 2);
 }
 
 int main(void)
@@ -430,6 +634,8 @@ int main(void)
         cmocka_unit_test(test_smallest_budget_fits),
         cmocka_unit_test(test_explicit_choices),
         cmocka_unit_test(test_bottleneck),
+        cmocka_unit_test(test_routes_from_topology),
+        cmocka_unit_test(test_route_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -89,6 +89,7 @@ struct worker {
     void *window[JOB_MAX_GPUS];  /* every rank's exchange window, as this process addresses it */
     uint64_t next_param_key;     /* the next parameter key this rank takes part in */
     float **grad_shard;          /* per chunk: this rank's shard of the step's gradient sum */
+    struct window_layout win;
 
     struct data_set train, val;
     bool have_val;
@@ -306,7 +307,7 @@ static void gather_chunk(struct worker *w, struct cache_entry *e, int c, uint64_
     const struct chunk_desc *ch = &ctl_chunks(h)[c];
     int slot = (int)(key % XCHG_SLOTS);
     size_t ws = weight_size(w);
-    uint64_t off = ctl_window_param_slot(h->max_chunk_numel, w->G, (int)ws, slot);
+    uint64_t off = w->win.param_base + (uint64_t)slot * w->win.param_slot_bytes;
     if (key >= XCHG_SLOTS) /* our slot's previous shard has been read by everyone */
         xchg_wait_all(w, offsetof(struct xchg_rank, param_gathered), key - XCHG_SLOTS + 1);
     int64_t lo = layout_shard_begin(ch->numel, w->G, w->rank), hi = layout_shard_begin(ch->numel, w->G, w->rank + 1);
@@ -488,7 +489,7 @@ static void reduce_scatter_chunk(struct worker *w, int c, float *grad)
     struct ctl_header *h = w->ctl;
     const struct chunk_desc *ch = &ctl_chunks(h)[c];
     uint64_t key = xchg_grad_key(h, w->step, w->micro_index, c);
-    uint64_t off = ctl_window_grad_slot(h->max_chunk_numel, (int)(key % XCHG_SLOTS));
+    uint64_t off = (key % XCHG_SLOTS) * w->win.grad_slot_bytes;
     if (key >= XCHG_SLOTS) /* our slot's previous gradient has been read by everyone */
         xchg_wait_all(w, offsetof(struct xchg_rank, grad_reduced), key - XCHG_SLOTS + 1);
     w->be.ops->copy_device(&w->be, window_of(w, w->rank) + off, grad, (size_t)ch->numel * sizeof(float));
@@ -810,6 +811,7 @@ static int exchange_setup(struct worker *w)
     w->gpu_grads = h->plan.grad_route == GRADS_GPU;
     /* where every rank's first parameter read of its first step falls (the launcher set it) */
     w->next_param_key = atomic_load(&x->param_gathered);
+    ctl_window_layout(h->max_chunk_numel, w->G, (int)weight_size(w), w->gpu_grads, w->sharded_params, &w->win);
     if (h->window_shm_bytes) {
         if (weight_size(w) != 4)
             return sd_err("the exchange windows in shared memory hold fp32 weights; this backend's are not");
@@ -818,7 +820,7 @@ static int exchange_setup(struct worker *w)
     } else {
         if (!w->be.ops->alloc_exported)
             return sd_err("the %s backend cannot share device memory with other workers", w->be.ops->name);
-        size_t bytes = ctl_window_bytes(h->max_chunk_numel, w->G, (int)weight_size(w));
+        size_t bytes = w->win.total;
         w->window[w->rank] = w->be.ops->alloc_exported(&w->be, bytes, x->window_handle);
         if (!w->window[w->rank])
             return sd_err_prefix("exchange window of %zu bytes", bytes);
