@@ -41,3 +41,12 @@ for cfg in "train.micro_batch=2" "train.micro_batch=2 runtime.optim_procs=4 runt
     wait
     grep -E "^plan: predicted|^step +(5|6|7|8)/" "$out/tl_run.log" | tee -a "$out/summary.log"
 done
+
+# the topology as probed on this host, and what the planner and the launcher make of it
+{
+    echo "== slidedp-worker --probe-topology"; "$build/slidedp-worker" --probe-topology
+    echo "== --gpus 2"; "$build/slidedp-worker" --probe-topology --gpus 2
+    echo "== fixture, --device cuda --gpus 2, routes auto"
+    timeout 60 "$build/slidedp-launch" --device cuda --gpus 2 tests/fixtures/qwen3_tied/job.ini "log.dir=$w/fx/log" \
+        "checkpoint.dir=$w/fx/ckpt" 2>&1 | grep -E "^slidedp: GPU|^plan|^step|exported"
+} 2>&1 | tee -a "$out/summary.log"
