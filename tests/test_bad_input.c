@@ -136,13 +136,18 @@ static const char *base_ini = "[model]\npath = model\n[data]\ntrain = train.bin\
                               "micro_batch = 2\nsteps = 3\nlr = 1e-3\n[checkpoint]\ndir = ckpt\n[runtime]\ndevice = cpu\n"
                               "gpus = 1\n[log]\ndir = log\n";
 
-static int count_shm(void)
+/* Shared memory objects of the job whose log.dir is <case dir>/log (other jobs may run meanwhile). */
+static int count_shm(const char *cdir)
 {
+    char log_dir[1400], job[32], prefix[64];
+    snprintf(log_dir, sizeof log_dir, "%s/log", cdir);
+    ctl_job_name(log_dir, job, sizeof job);
+    snprintf(prefix, sizeof prefix, "slidedp.%s.", job);
     DIR *d = opendir("/dev/shm");
     int n = 0;
     struct dirent *e;
     while (d && (e = readdir(d)))
-        n += !strncmp(e->d_name, "slidedp.", 8);
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
     if (d)
         closedir(d);
     return n;
@@ -171,7 +176,7 @@ static void run_case(const struct bad_case *c, int i)
     snprintf(ini, sizeof ini, "%s/job.ini", cdir);
     tu_write_file(ini, text);
     char *before = snapshot(cdir);
-    int shm_before = count_shm();
+    int shm_before = count_shm(cdir);
     char *out = NULL;
     int rc = tu_sh(&out, "%s %s %s 2>&1", tu_bin("slidedp-launch"), ini, c->override ? c->override : "");
     printf("# %-36s -> %s", c->name, out);
@@ -183,7 +188,7 @@ static void run_case(const struct bad_case *c, int i)
     char *after = snapshot(cdir);
     if (strcmp(before, after) != 0)
         fail_msg("case '%s': files changed:\n%s---\n%s", c->name, before, after);
-    assert_int_equal(count_shm(), shm_before);
+    assert_int_equal(count_shm(cdir), shm_before);
     free(out), free(before), free(after);
     tu_rmrf(cdir);
 }
