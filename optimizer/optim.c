@@ -73,6 +73,11 @@ struct optim {
     struct update_item **items; /* per chunk: its update blocks, in order */
     uint32_t *num_items;
     double *block_sumsq;        /* per reduction block of the chunk */
+    /* The last micro-batch of a whole-chunk reduction squares each block as it is written (one
+     * pass less over the accumulator); lane t did so from block fused_from[t] on (earlier ones
+     * were written by a predecessor that crashed, and are squared from the accumulator). */
+    bool fuse_sumsq;
+    uint32_t fused_from[CTL_MAX_OPTIM_THREADS];
 };
 
 static void set_phase(struct optim *o, int phase)
@@ -193,24 +198,29 @@ static void reduce_lane(struct optim *o, int t)
     bool first = d->micro == 0 || o->shard_grads;
     size_t base = (size_t)ch->offset + (size_t)d->elem_begin, count = (size_t)d->elem_count;
     uint32_t nb = desc_blocks(d), end = lane_begin(nb, o->threads, t + 1);
-    for (uint32_t b = atomic_load_explicit(&cs->red_done[t], memory_order_acquire); b < end; b++) {
+    uint32_t b = atomic_load_explicit(&cs->red_done[t], memory_order_acquire);
+    o->fused_from[t] = b;
+    for (; b < end; b++) {
         size_t i = (size_t)b * JOURNAL_BLOCK, n = count - i < JOURNAL_BLOCK ? count - i : JOURNAL_BLOCK;
         if (first)
             memcpy(l->stage_p, src + i, n * sizeof(float));
         else
             grad_add_to(l->stage_p, o->shm.grad_acc + base + i, src + i, n);
+        if (o->fuse_sumsq)
+            o->block_sumsq[b] = sumsq_f32(l->stage_p, n);
         journal_commit(o, l, JOURNAL_REDUCE, d->chunk, d->step, d->micro, b, base + i, n);
         atomic_store_explicit(&cs->red_done[t], b + 1, memory_order_release);
         journal_clear(l);
     }
 }
 
-/* Lane t's blocks' squared norms, kept per block so the sum's order does not depend on lanes. */
+/* Lane t's blocks' squared norms, kept per block so the sum's order does not depend on lanes
+ * (with fuse_sumsq only those the reduction did not square). */
 static void sumsq_lane(struct optim *o, int t)
 {
     const struct chunk_desc *ch = &ctl_chunks(o->ctl)[o->op_chunk];
-    uint32_t nb = reduce_blocks(ch);
-    for (uint32_t b = lane_begin(nb, o->threads, t); b < lane_begin(nb, o->threads, t + 1); b++) {
+    uint32_t nb = reduce_blocks(ch), end = o->fuse_sumsq ? o->fused_from[t] : lane_begin(nb, o->threads, t + 1);
+    for (uint32_t b = lane_begin(nb, o->threads, t); b < end; b++) {
         size_t i = (size_t)b * JOURNAL_BLOCK;
         size_t n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i : JOURNAL_BLOCK;
         o->block_sumsq[b] = sumsq_f32(o->shm.grad_acc + ch->offset + i, n);
@@ -234,11 +244,13 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
                                   memory_order_release);
         atomic_store_explicit(&cs->red_key, key, memory_order_release);
     }
+    bool last = d->micro + 1 == o->total_micro;
     o->op_desc = d;
+    /* a shard's blocks do not line up with the chunk's, whose order the norm's sum follows */
+    o->fuse_sumsq = last && !o->shard_grads;
     run_lanes(o, reduce_lane);
     atomic_fetch_add_explicit(&o->slot->bytes_in, d->bytes, memory_order_relaxed);
     fault_point("optim_reduced");
-    bool last = d->micro + 1 == o->total_micro;
     if (last) {
         o->op_chunk = (int)d->chunk;
         run_lanes(o, sumsq_lane);

@@ -190,11 +190,15 @@ static void thread_points(int ncpu, struct calib_curve *cv)
     cv->threads[cv->n++] = ncpu;
 }
 
-/* memcpy bandwidth and the optimizer's journaled AdamW throughput at 1, 2, 4, ... ncpu threads
- * over a few hundred MB. */
+static int64_t mem_available(void);
+
+/* memcpy bandwidth and the optimizer's journaled AdamW throughput at 1, 2, 4, ... ncpu threads.
+ * The arrays must be far larger than the last-level cache (server CPUs have hundreds of MB of
+ * it, and 288 MB of state measured twice the rate a training step sees on an H200 host): 128M
+ * parameters (2.3 GB) where memory allows, else 16M. */
 static int measure_memory(struct calib_host *h)
 {
-    size_t n = (size_t)16 << 20; /* 16M parameters: 256 MiB of fp32 state + 32 MiB of bf16 */
+    size_t n = mem_available() > ((int64_t)16 << 30) ? (size_t)128 << 20 : (size_t)16 << 20;
     float *buf = malloc(n * 4 * sizeof(float));
     uint16_t *p16 = malloc(n * sizeof(uint16_t));
     if (!buf || !p16) {

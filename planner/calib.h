@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CALIB_VERSION 1
+#define CALIB_VERSION 2
 #define CALIB_MAX_POINTS 16
 #define CALIB_PATH_MAX 1100
 
