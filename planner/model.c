@@ -703,7 +703,6 @@ void model_step(const struct model_case *mc, struct step_pred *out)
                        (s.during ? numel * PREV_COPY_BYTES : 0);
     out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes) / rt.host_bw;
 
-    out->step_s = fmax(period, out->host_mem_s);
     double terms[] = {[BOTTLENECK_COMPUTE] = out->compute_s, [BOTTLENECK_H2D] = out->h2d_s,
                       [BOTTLENECK_D2H] = out->d2h_s,         [BOTTLENECK_P2P] = out->p2p_s,
                       [BOTTLENECK_OPTIM] = out->optim_s,     [BOTTLENECK_HOST_MEM] = out->host_mem_s};
@@ -711,6 +710,8 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     for (int i = 1; i < (int)(sizeof terms / sizeof terms[0]); i++)
         if (terms[i] > terms[out->bottleneck])
             out->bottleneck = i;
+    /* no stream can be busy longer than the step (the simulated pipeline may still be filling) */
+    out->step_s = fmax(period, terms[out->bottleneck]);
     out->exposed_s = fmax(0, out->step_s - terms[out->bottleneck]);
     free(arrays);
     free(s.cache);
