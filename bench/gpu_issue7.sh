@@ -83,3 +83,5 @@ for r in rows:
 for r in rows:
     print(f"{r['name']}: {r['args']} -> {r['plan']}")
 PY
+# the calibration the predictions came from
+cat "${SLIDEDP_CACHE_DIR:-$HOME/.cache/slidedp}"/calib-*.json 2>/dev/null | grep -E '"(ncpu|memcpy_bw|adamw_rate)"' | tee -a "$out/summary.log"
