@@ -527,6 +527,13 @@ static double finish_step(struct sim *s)
     return commit;
 }
 
+/* Bytes of host memory an optimizer touches: adding one rank's fp32 gradient into the
+ * accumulator (read both, write one), AdamW (read master, m, v, grad; write them and bf16), and
+ * when updating during the backward, the copy of the previous bf16 version. */
+#define REDUCE_BYTES 12.0
+#define UPDATE_BYTES 30.0
+#define PREV_COPY_BYTES 4.0
+
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
 struct rates {
     double host_bw; /* host memory traffic, bytes/s (a copy moves each byte twice) */
@@ -541,7 +548,10 @@ static struct rates rates_of(const struct model_case *mc)
     const struct plan *p = mc->plan;
     int G = mc->job->gpus;
     struct rates r;
-    r.host_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, cal->host.ncpu);
+    /* the most host memory traffic calibration saw: a copy's (each byte read and written) or the
+     * optimizer's, whichever moved more */
+    r.host_bw = fmax(2 * calib_curve_at(&cal->host.memcpy_bw, cal->host.ncpu),
+                     UPDATE_BYTES * calib_curve_at(&cal->host.adamw_rate, cal->host.ncpu));
     bool bwd_fetch = p->chunk_buffers < mc->lay->num_chunks;
     r.h2d_fwd = fmin(cal->gpu.h2d_bw, r.host_bw / G);
     r.h2d_bwd = fmin(cal->gpu.bidir_bw, r.host_bw / (2 * G));
@@ -554,12 +564,6 @@ static struct rates rates_of(const struct model_case *mc)
     return r;
 }
 
-/* Bytes of host memory an optimizer touches: adding one rank's fp32 gradient into the
- * accumulator (read both, write one), AdamW (read master, m, v, grad; write them and bf16), and
- * when updating during the backward, the copy of the previous bf16 version. */
-#define REDUCE_BYTES 12.0
-#define UPDATE_BYTES 30.0
-#define PREV_COPY_BYTES 4.0
 
 void model_step(const struct model_case *mc, struct step_pred *out)
 {
