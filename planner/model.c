@@ -218,7 +218,12 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
     int64_t q = (int64_t)cfg->num_heads * D, kv = (int64_t)cfg->num_kv_heads * D;
     memset(out, 0, sizeof *out);
     out->chunk_bufs = mc->plan->chunk_buffers * al(mc->lay->max_chunk_numel * wsize, a);
-    out->grad_bufs = al(mc->lay->chunks[0].numel * 4, a) + 2 * al(grad_buf_numel(mc->lay) * 4, a);
+    /* untied: the embedding's gradient lives in the two alternating buffers' memory (worker/model.c) */
+    int64_t pair = grad_buf_numel(mc->lay), embed = mc->lay->chunks[0].numel;
+    if (!cfg->tie_word_embeddings && embed <= 2 * pair)
+        out->grad_bufs = al(2 * pair * 4, a);
+    else
+        out->grad_bufs = al(embed * 4, a) + 2 * al(pair * 4, a);
     if (mc->plan->accumulate_on_device) /* one more buffer per chunk (the embedding's is reused) */
         for (int c = 1; c < mc->lay->num_chunks; c++)
             out->grad_bufs += al(mc->lay->chunks[c].numel * 4, a);

@@ -275,6 +275,13 @@ static void test_memory_footprint(void **state)
     assert_int_equal(gm.total, gm.chunk_bufs + gm.grad_bufs + gm.layer_inputs + gm.kept_acts + gm.bwd_scratch +
                                    gm.logits + gm.misc + gm.workspace + gm.peer_bufs);
     layout_free(&lay);
+    /* untied embeddings: the embedding's gradient shares the two alternating buffers' memory */
+    cfg.tie_word_embeddings = false;
+    p = hand_plan(1, 3, 4, 2, UPDATE_AFTER_BACKWARD);
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_true(lay.chunks[0].numel <= 51200);
+    assert_int_equal(gm.grad_bufs, 2 * 51200 * 4); /* fp32, twice the largest layer chunk */
+    layout_free(&lay);
 }
 
 /* Plans on a host without P2P (the routes are test_topology's subject). */

@@ -182,12 +182,18 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     m->bw_v = act_alloc(m, N * (size_t)m->kvdim, &fail);
     m->bw_q2 = act_alloc(m, N * (size_t)m->qdim, &fail);
     m->bw_k2 = act_alloc(m, N * (size_t)m->kvdim, &fail);
-    m->grad_embed = f32_alloc(m, (size_t)chunks[0].numel, &fail);
     for (int c = 1; c < num_chunks; c++)
         if (chunks[c].numel > m->grad_buf_numel)
             m->grad_buf_numel = chunks[c].numel;
-    m->grad_bufs[0] = f32_alloc(m, (size_t)m->grad_buf_numel, &fail);
-    m->grad_bufs[1] = f32_alloc(m, (size_t)m->grad_buf_numel, &fail);
+    m->embed_grad_in_pair = !cfg->tie_word_embeddings && chunks[0].numel <= 2 * m->grad_buf_numel;
+    if (m->embed_grad_in_pair) {
+        m->grad_bufs[0] = m->grad_embed = f32_alloc(m, 2 * (size_t)m->grad_buf_numel, &fail);
+        m->grad_bufs[1] = m->grad_bufs[0] ? m->grad_bufs[0] + m->grad_buf_numel : NULL;
+    } else {
+        m->grad_embed = f32_alloc(m, (size_t)chunks[0].numel, &fail);
+        m->grad_bufs[0] = f32_alloc(m, (size_t)m->grad_buf_numel, &fail);
+        m->grad_bufs[1] = f32_alloc(m, (size_t)m->grad_buf_numel, &fail);
+    }
     if (fail) {
         model_free(m);
         return sd_err_prefix("device memory for B=%d T=%d activations", B, T);
@@ -220,7 +226,8 @@ void model_free(struct model *m)
     void *ptrs[] = {m->d_tokens, m->d_targets,  m->d_correct, m->d_row_scale, m->d_loss_rows, m->d_cos,
                     m->d_sin,    m->d_final,    m->d_final_rstd, m->d_logits, m->d_dres,      m->d_dfinal,
                     m->bw_ni0,   m->bw_ni1,     m->bw_ni2,    m->bw_nc,       m->bw_q,        m->bw_k,
-                    m->bw_v,     m->bw_q2,      m->bw_k2,     m->grad_embed,  m->grad_bufs[0], m->grad_bufs[1]};
+                    m->bw_v,     m->bw_q2,      m->bw_k2,     m->grad_bufs[0],
+                    m->embed_grad_in_pair ? NULL : m->grad_embed, m->embed_grad_in_pair ? NULL : m->grad_bufs[1]};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i])
             be->ops->free(be, ptrs[i]);
@@ -422,6 +429,8 @@ static float *take_grad_buf(struct model *m, const struct model_io *io)
 {
     float *g = m->grad_bufs[m->next_grad_buf];
     m->next_grad_buf ^= 1;
+    if (m->embed_grad_in_pair && io->grads_reuse) /* the embedding's last gradient may span both */
+        io->grads_reuse(io->ctx, m->grad_embed);
     zero_grads(m, io, g, (size_t)m->grad_buf_numel);
     return g;
 }
@@ -470,8 +479,10 @@ int model_train_micro(struct model *m, const struct model_io *io, const int32_t 
     const struct model_config *cfg = &m->cfg;
     int hc = head_chunk(m);
     bool hand_out = last || !m->chunk_grads;
+    /* the embedding's gradient shares the alternating buffers: zeroed once the last of them is read */
+    bool embed_late = m->embed_grad_in_pair && !m->chunk_grads;
     upload_batch(m, tokens, targets, row_scale);
-    if (first || !m->chunk_grads)
+    if (!embed_late && (first || !m->chunk_grads))
         zero_grads(m, io, m->grad_embed, (size_t)m->chunks[0].numel);
 
     forward_trunk(m, io);
@@ -501,6 +512,11 @@ int model_train_micro(struct model *m, const struct model_io *io, const int32_t 
         io->release(io->ctx, c);
         if (hand_out)
             io->grads_done(io->ctx, c, g);
+    }
+    if (embed_late) {
+        if (io->grads_reuse)
+            io->grads_reuse(io->ctx, m->grad_bufs[1]);
+        zero_grads(m, io, m->grad_embed, (size_t)m->chunks[0].numel);
     }
     struct tensor_ptrs pe;
     tensor_ptrs(m, 0, NULL, m->grad_embed, -1, &pe);

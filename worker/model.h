@@ -62,6 +62,9 @@ struct model {
     void *bw_nc;          /* (N,C) */
     void *bw_q, *bw_k, *bw_v, *bw_q2, *bw_k2; /* backward scratch for attention */
     float *grad_embed;    /* embedding chunk's gradient (accumulates head and lookup when tied) */
+    /* Untied: the embedding's gradient is written last in the backward, so it lives in the memory
+     * of the two alternating buffers (allocated as one) instead of beside them. */
+    bool embed_grad_in_pair;
     float *grad_bufs[2];  /* alternating gradient buffers for the other chunks */
     int64_t grad_buf_numel;
     int next_grad_buf;
