@@ -295,6 +295,15 @@ static bool already_posted(struct worker *w, int c, int owner)
     return chunk_grad_consumed(ctl_chunk_state(w->ctl, c), w->step, w->micro);
 }
 
+/* Whether the previous incarnation posted every chunk of the micro-batch being redone. */
+static bool all_posted(struct worker *w)
+{
+    for (int c = 0; c < w->ctl->num_chunks; c++)
+        if (!already_posted(w, c, ctl_chunk_state(w->ctl, c)->owner))
+            return false;
+    return true;
+}
+
 static void io_grads_done(void *ctx, int c, float *grad)
 {
     struct worker *w = ctx;
@@ -493,19 +502,28 @@ static int train_step(struct worker *w, uint32_t s)
     io.ctx = w;
     w->need_version = s - 1;
     w->step = s;
-    uint32_t first = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire);
-    w->loss_sum = loss_through(w, s, first);
+    uint32_t posted = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire), first = posted;
     /* Micro-steps summing on the device post once, at the last one, as micro-batch r; a restart
      * then has nothing posted to build on and redoes the step from its first micro-step. */
     bool on_device = h->plan.accumulate_on_device;
-    if (on_device && first < (uint32_t)w->A) {
+    if (on_device && first < (uint32_t)w->A)
         first = 0;
-        w->loss_sum = 0;
-    }
     if (w->recovering) {
         w->recover_step = s;
         w->recover_micro = on_device ? (uint32_t)w->rank : first * (uint32_t)w->G + (uint32_t)w->rank;
+        /* With all its gradients out, the micro-batch is not computed again: its loss is saved, and
+         * the step may complete and its chunks be updated while we would read them. */
+        w->micro = w->recover_micro;
+        if (first < (uint32_t)w->A && all_posted(w)) {
+            first = on_device ? (uint32_t)w->A : first + 1;
+            w->recovering = false;
+        }
+        /* the previous incarnation may also have died before marking what it posted */
+        bool done = first == (uint32_t)w->A;
+        if (first > posted || done)
+            post_enqueue(w, (struct post){.chunk = -1, .step = s, .posted = first, .step_done = done});
     }
+    w->loss_sum = loss_through(w, s, first);
     int64_t seq_index[4096];
     SD_ASSERT(w->mb <= 4096);
     for (int a = (int)first; a < w->A; a++) {
