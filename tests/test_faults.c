@@ -483,6 +483,48 @@ static void test_sigterm_resume(void **state)
     assert_false(tu_exists(p));
 }
 
+/* SIGTERM while a dead worker waits for its restart (which a stopping job does not do), or right
+ * after it, when it dies again: the others cannot finish their step, so they leave at once and the
+ * job stops at the last committed step, from where it resumes. */
+static void test_sigterm_while_restarting(void **state)
+{
+    write_job("sigterm-restart", 120, "");
+    char job[32], logp[1300];
+    job_name_of("sigterm-restart", job, sizeof job);
+    job_path("sigterm-restart", "launcher.log", logp, sizeof logp);
+    setenv("SLIDEDP_CRASH_AT_STEP", "30:1", 1);
+    pid_t pid = start_launcher("sigterm-restart", NULL);
+    unsetenv("SLIDEDP_CRASH_AT_STEP");
+    for (;;) {
+        char *log = tu_read_file(logp, NULL);
+        bool died = log && strstr(log, "restarting worker 1");
+        free(log);
+        if (died)
+            break;
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            fail_msg("the launcher exited before worker 1 died");
+        usleep(2000);
+    }
+    kill(pid, SIGTERM);
+    int rc = wait_exit(pid, "sigterm-restart");
+    if (rc != 130)
+        show_log("sigterm-restart");
+    assert_int_equal(rc, 130);
+    assert_int_equal(shm_objects(job), 0);
+    int first, last;
+    metrics_lines("sigterm-restart", &first, &last);
+    /* 29, or 28 when worker 1 died before its last gradients of step 29 were out */
+    printf("# stopped after step %d\n", last);
+    assert_true(last == 28 || last == 29);
+    char p[1300], step_dir[64];
+    snprintf(step_dir, sizeof step_dir, "ckpt/step-%d/optimizer.safetensors", last);
+    job_path("sigterm-restart", step_dir, p, sizeof p);
+    assert_true(tu_exists(p));
+    assert_int_equal(run_job("sigterm-restart", NULL), 0);
+    assert_same_weights("sigterm-restart", "ref");
+    assert_int_equal(metrics_lines("sigterm-restart", &first, &last), 120);
+}
+
 static void test_crash_loop(void **state)
 {
     write_job("loop", 12, "");
@@ -526,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_evicting_chunks),
         cmocka_unit_test(test_launcher_kills),
         cmocka_unit_test(test_sigterm_resume),
+        cmocka_unit_test(test_sigterm_while_restarting),
         cmocka_unit_test(test_crash_loop),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
