@@ -593,13 +593,14 @@ static void test_crash_loop(void **state)
     char *log = tu_read_file(logp, NULL);
     assert_non_null(strstr(log, "times without a step completing"));
     free(log);
-    /* the state of the last committed step is on disk */
+    /* the state of the last committed step is on disk: 4, or 3 when worker 1 kept dying before its
+     * poster thread had sent its last gradients of step 4 (likely on a busy machine) */
     int first, last;
     metrics_lines("loop", &first, &last);
     char p[1300], sd[64];
     snprintf(sd, sizeof sd, "ckpt/step-%d/optimizer.safetensors", last);
     job_path("loop", sd, p, sizeof p);
-    assert_int_equal(last, 4);
+    assert_true(last == 3 || last == 4);
     assert_true(tu_exists(p));
 }
 
