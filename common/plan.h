@@ -34,7 +34,8 @@ struct plan {
     int logits_rows;        /* rows per cross-entropy chunk */
     int accumulate_on_device; /* micro-steps sum their gradients on the GPU; each rank sends once per step */
     uint8_t keep_acts[PLAN_MAX_LAYERS]; /* per layer: 1 keep, 0 recompute from the layer input */
-    /* predictions (seconds per step, bytes) */
+    /* predictions (seconds per step, bytes); the choices above identify a job's state
+     * (launcher/state.c job_hash), these do not */
     double predicted_step_s;
     double predicted_compute_s, predicted_h2d_s, predicted_d2h_s, predicted_optim_s;
     int64_t gpu_bytes;      /* per GPU */

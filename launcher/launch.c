@@ -115,6 +115,14 @@ static bool optimizers_all_running(const struct sup *s)
     return true;
 }
 
+/* A process is dead and a stopping job does not restart it, so the ranks cannot finish their
+ * step: the workers leave at once and the step is abandoned. */
+static void stop_workers_now(struct sup *s)
+{
+    atomic_store(&s->h->stop, STOP_WORKERS_NOW);
+    wake_everyone(s->h);
+}
+
 /* The one place the supervisor state changes. */
 static void transition(struct sup *s, enum sup_state next)
 {
@@ -123,9 +131,8 @@ static void transition(struct sup *s, enum sup_state next)
     s->state = next;
     switch (next) {
     case SUP_STOPPING:
-        if (s->crash_loop) {
-            /* a rank is dead, so the others cannot finish their step: stop them now */
-            atomic_store(&s->h->stop, STOP_WORKERS_NOW);
+        if (s->crash_loop || s->pending_restarts > 0) {
+            stop_workers_now(s);
         } else {
             /* seq_cst store, then read the steps workers announced (worker/pipeline.c
              * may_start_step): every rank runs up to the highest one, then stops */
@@ -137,8 +144,8 @@ static void transition(struct sup *s, enum sup_state next)
             }
             atomic_store(&s->h->stop_step, last + 1);
             futex_wake_all(&s->h->stop_step);
+            wake_everyone(s->h);
         }
-        wake_everyone(s->h);
         break;
     case SUP_DRAINING:
         /* with an optimizer gone, nobody can finish its chunks: leave at the next safe point */
@@ -553,10 +560,8 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
         }
         else if (s->state == SUP_RUN)
             handle_crash(s, c);
-        else if (c->kind == PROC_WORKER && s->h->exchange && s->state == SUP_STOPPING) {
-            atomic_store(&s->h->stop, STOP_WORKERS_NOW); /* its peers cannot finish the step without it */
-            wake_everyone(s->h);
-        }
+        else if (c->kind == PROC_WORKER && s->state == SUP_STOPPING)
+            stop_workers_now(s);
         else if (c->kind == PROC_OPTIM && s->state != SUP_FINISHING)
             transition(s, SUP_FAILED); /* nobody is left to finish its chunks */
     }

@@ -217,14 +217,20 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-/* Identifies the configuration whose state may be adopted after a launcher crash. */
+/* Identifies the configuration whose state may be adopted after a launcher crash. Of the plan,
+ * only its choices (the layout of the state and how the processes use it): its predictions follow
+ * the host's calibration, which may have been measured again before the relaunch. */
 static uint64_t job_hash(const struct job_state *st)
 {
     struct job_config job = st->job;
     memset(job.ini_path, 0, sizeof job.ini_path);
     uint64_t h = fnv1a(0xcbf29ce484222325ull, &job, sizeof job);
     h = fnv1a(h, &st->cfg, sizeof st->cfg);
-    return fnv1a(h, &st->plan, sizeof st->plan);
+    const struct plan *p = &st->plan;
+    int choices[] = {p->layers_per_chunk, p->chunk_buffers, p->grad_slots, p->optim_procs, p->optim_threads,
+                     p->update_mode, p->param_route, p->grad_route, p->logits_rows, p->accumulate_on_device};
+    h = fnv1a(h, choices, sizeof choices);
+    return fnv1a(h, p->keep_acts, (size_t)st->cfg.num_layers);
 }
 
 static int create_regions(struct job_state *st, const struct ctl_sizes *sz)

@@ -360,7 +360,9 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
         for (int r = 0; r < h->gpus; r++) {
             struct ring *ring = ctl_ring(h, r, o->index);
             struct chunk_desc_msg d;
-            while (ring_peek(ring, &d)) {
+            /* once our chunks are complete (and updated during the backward), the workers may post
+             * the next step's gradients: they wait for the next call */
+            while (remaining > 0 && ring_peek(ring, &d)) {
                 SD_ASSERT(d.kind == DESC_GRAD && d.step <= s);
                 struct chunk_state *cs = ctl_chunk_state(h, (int)d.chunk);
                 if (chunk_grad_consumed(cs, d.step, d.micro)) { /* added before a crash; only the release was missing */
@@ -561,13 +563,19 @@ int optim_run(const struct optim_args *args)
         return 2;
     struct ctl_header *h = o->ctl;
     bool during_backward = h->plan.update_mode == UPDATE_DURING_BACKWARD;
-    /* Resume at the first step one of our chunks has not been updated for. */
-    uint32_t first = UINT32_MAX;
+    /* Resume at the first step one of our chunks has not been updated for; optimizer 0 at the last
+     * one when its norm is not recorded yet (updated during the backward, the chunks can all be
+     * done before it is written). */
+    uint32_t last = UINT32_MAX;
     for (int i = 0; i < o->num_chunks; i++) {
         uint32_t v = atomic_load(&ctl_chunk_state(h, o->chunks[i])->version);
-        first = v < first ? v : first;
+        last = v < last ? v : last;
     }
-    for (uint32_t s = first + 1; s <= (uint32_t)h->job.steps; s++) {
+    uint32_t first = last + 1;
+    if (o->index == 0 && last > 0 && atomic_load(&ctl_step(h, last)->step) == last &&
+        !atomic_load(&ctl_step(h, last)->norm_written))
+        first = last;
+    for (uint32_t s = first; s <= (uint32_t)h->job.steps; s++) {
         atomic_store(&o->slot->step, s);
         if (during_backward && wait_checkpoint(o, s) != 0)
             return 0;

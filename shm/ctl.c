@@ -85,11 +85,43 @@ void ctl_window_layout(int64_t max_chunk_numel, int gpus, int weight_size, bool 
     out->total = out->param_base + XCHG_SLOTS * out->param_slot_bytes;
 }
 
+/* Whether descriptor (chunk c, step s, micro m) of rank r is in its ring or consumed; in that
+ * order, because an optimizer advances its progress before it pops (optimizer/optim.c). */
+static bool grad_out(struct ctl_header *h, int r, int c, uint32_t s, uint32_t m)
+{
+    struct chunk_state *cs = ctl_chunk_state(h, c);
+    struct ring *ring = ctl_ring(h, r, cs->owner);
+    uint32_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
+    for (uint32_t i = atomic_load_explicit(&ring->tail, memory_order_acquire); i != head; i++) {
+        const struct chunk_desc_msg *d = &ring->elems[i & (RING_CAP - 1)];
+        if (d->chunk == (uint32_t)c && d->step == s && d->micro == m)
+            return true;
+    }
+    return chunk_grad_consumed(cs, s, m);
+}
+
+/* Every gradient of step s from every rank has reached the optimizers (or their rings). */
+static bool step_grads_out(struct ctl_header *h, uint32_t s)
+{
+    bool one_post = h->plan.accumulate_on_device || (h->plan.grad_route == GRADS_GPU && h->gpus > 1);
+    int per_rank = one_post ? 1 : h->job.grad_accum;
+    for (int c = 0; c < h->num_chunks; c++)
+        for (int r = 0; r < h->gpus; r++)
+            for (int a = 0; a < per_rank; a++)
+                if (!grad_out(h, r, c, s, one_post ? (uint32_t)r : (uint32_t)(a * h->gpus + r)))
+                    return false;
+    return true;
+}
+
 void ctl_xchg_reset(struct ctl_header *h, uint32_t committed)
 {
+    uint32_t first = committed + 1;
+    if (first <= (uint32_t)h->job.steps && step_grads_out(h, first))
+        first++;
+    atomic_store(&h->xchg_first_step, first);
     for (int r = 0; r < h->gpus; r++) {
         struct xchg_rank *x = ctl_xchg(h, r);
-        uint64_t p = xchg_param_key(h, committed, 0), g = xchg_grad_key(h, committed + 1, 0, h->num_chunks - 1);
+        uint64_t p = xchg_param_key(h, first - 1, 0), g = xchg_grad_key(h, first, 0, h->num_chunks - 1);
         atomic_store(&x->param_staged, p);
         atomic_store(&x->param_gathered, p);
         atomic_store(&x->grad_published, g);

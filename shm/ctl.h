@@ -237,6 +237,7 @@ struct ctl_header {
     alignas(64) _Atomic uint32_t ckpt_done_step; /* last step whose disk checkpoint is written */
     alignas(64) _Atomic uint32_t workers_ready;  /* workers that finished start-up */
     _Atomic uint32_t abandoned_step;             /* a step that can no longer complete (stop) */
+    _Atomic uint32_t xchg_first_step;            /* exchange routes: the step workers (re)start at */
     struct topology topo;                        /* the ranks' GPUs and the links between them */
 };
 
@@ -267,8 +268,9 @@ struct window_layout {
 };
 void ctl_window_layout(int64_t max_chunk_numel, int gpus, int weight_size, bool grad_slots, bool param_slots,
                        struct window_layout *out);
-/* Puts the exchange back at the start of step committed + 1 with no windows published (while no
- * worker runs). */
+/* Puts the exchange back at the start of step committed + 1, or of the step after it when every
+ * rank's gradients of that one are already out (redoing it could read chunks its completion
+ * updates), with no windows published; sets xchg_first_step. Only while no worker runs. */
 void ctl_xchg_reset(struct ctl_header *h, uint32_t committed);
 
 /* Names of the job's shm objects: "/slidedp.<job>.<what>". */

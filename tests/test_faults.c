@@ -5,6 +5,7 @@
  * uninterrupted run, and leave nothing of the job in /dev/shm. */
 #include "tests/testutil.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -26,19 +27,36 @@ static unsigned rnd(unsigned n)
     return (unsigned)(tu_uniform(&rng) * (float)n) % n;
 }
 
+/* How a job differs from the default one: extra [runtime] lines, and no clipping (which updates
+ * during the backward need). */
+struct variant {
+    const char *tag;
+    const char *runtime;
+    bool no_clip;
+};
+
+static const struct variant plain = {"", "", false};
+static const struct variant on_device = {"dev", "accumulate_on_device = true\n", false};
+/* Three buffers for the four chunks of the tiny model (the planner keeps them all resident): each
+ * pass evicts chunks and the backward fetches them again, with the updates after the backward, or
+ * during it, where a restarted worker reads chunks already updated from the params16 "prev" copy. */
+static const struct variant evicting = {"cb3", "chunk_buffers = 3\n", false};
+static const struct variant evicting_during = {"cb3-during", "chunk_buffers = 3\nupdate_mode = during_backward\n",
+                                               true};
+
 /* A job in its own folder (log, checkpoints) sharing the generated data. */
-static void write_job(const char *name, int steps, const char *extra)
+static void write_job_as(const struct variant *v, const char *name, int steps, const char *extra)
 {
     char p[1300], text[4096];
     snprintf(text, sizeof text,
              "[model]\npath = %s\ninit = random\n"
              "[data]\ntrain = ../data/train.bin\nseq_len = 64\n"
              "[train]\nmicro_batch = 4\ngrad_accum = 2\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
-             "grad_clip = 1.0\nseed = 7\n"
+             "grad_clip = %s\nseed = 7\n"
              "[checkpoint]\ndir = ckpt\nexport_dtype = fp32\n%s\n"
-             "[runtime]\ndevice = cpu\ngpus = 2\noptim_threads = 3\n"
+             "[runtime]\ndevice = cpu\ngpus = 2\noptim_threads = 3\n%s"
              "[log]\ndir = log\nevery = 1000\n",
-             tu_src("examples/tiny-qwen3"), steps, extra);
+             tu_src("examples/tiny-qwen3"), steps, v->no_clip ? "0" : "1.0", extra, v->runtime);
     snprintf(p, sizeof p, "%s/%s", dir, name);
     tu_rmrf(p);
     char cmd[1400];
@@ -51,6 +69,11 @@ static void write_job(const char *name, int steps, const char *extra)
 static void job_path(const char *name, const char *rel, char *out, size_t len)
 {
     snprintf(out, len, "%s/%s/%s", dir, name, rel);
+}
+
+static void write_job(const char *name, int steps, const char *extra)
+{
+    write_job_as(&plain, name, steps, extra);
 }
 
 static pid_t start_launcher(const char *name, const char *crash_at)
@@ -75,17 +98,46 @@ static pid_t start_launcher(const char *name, const char *crash_at)
     return pid;
 }
 
-static int wait_exit(pid_t pid)
+static void show_log(const char *name)
 {
-    int st;
-    if (waitpid(pid, &st, 0) < 0)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    char p[1300];
+    job_path(name, "launcher.log", p, sizeof p);
+    char *log = tu_read_file(p, NULL);
+    printf("%s", log ? log : "(no log)\n");
+    free(log);
+}
+
+#define HANG_S 120 /* a launcher that neither exits nor logs a step for this long is hung */
+
+/* Stops a hung launcher (a second SIGINT aborts the job and removes its shared state), shows its
+ * log and fails, rather than leaving the test to its timeout and the processes behind. */
+static void fail_hung(pid_t pid, const char *name)
+{
+    kill(pid, SIGINT);
+    usleep(100000);
+    kill(pid, SIGINT);
+    waitpid(pid, NULL, 0);
+    show_log(name);
+    fail_msg("%s: the launcher hung (no step logged and no exit for %d s)", name, HANG_S);
+}
+
+static int wait_exit(pid_t pid, const char *name)
+{
+    for (uint64_t t0 = clock_ns();; usleep(10000)) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0)
+            return -1;
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(pid, name);
+    }
 }
 
 static int run_job(const char *name, const char *crash_at)
 {
-    return wait_exit(start_launcher(name, crash_at));
+    return wait_exit(start_launcher(name, crash_at), name);
 }
 
 static char *final_weights(const char *name, size_t *len)
@@ -120,15 +172,6 @@ static int shm_objects(const char *job)
     if (d)
         closedir(d);
     return n;
-}
-
-static void show_log(const char *name)
-{
-    char p[1300];
-    job_path(name, "launcher.log", p, sizeof p);
-    char *log = tu_read_file(p, NULL);
-    printf("%s", log ? log : "(no log)\n");
-    free(log);
 }
 
 static void assert_same_weights(const char *name, const char *ref)
@@ -167,20 +210,43 @@ static int metrics_lines(const char *name, int *first, int *last)
     return n;
 }
 
+/* Waits until the launcher `pid` has taken the job's state over and logged step `logged` (so a
+ * signal or kill that follows finds it running, however slowly it started on a busy machine). */
+static void wait_running(pid_t pid, const char *name, uint32_t logged)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    for (uint64_t t0 = clock_ns();; usleep(5000)) {
+        struct job_shm shm;
+        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
+            bool running = atomic_load(&shm.ctl->launcher_pid) == pid && atomic_load(&shm.ctl->metrics_step) >= logged;
+            job_shm_detach(&shm);
+            if (running)
+                return;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            fail_msg("%s: the launcher exited before it was running", name);
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(pid, name);
+    }
+}
+
 /* Kills a random process of the given kind every few hundred ms until the launcher exits; a
  * process is killed again only after a step has completed since its last death (otherwise this
  * would be a crash loop, which the launcher rightly stops). */
-static int kill_randomly(pid_t launcher, const char *job, int kind, int min_ms, int max_ms)
+static int kill_randomly(pid_t launcher, const char *name, int kind, int min_ms, int max_ms)
 {
+    char job[32];
+    job_name_of(name, job, sizeof job);
     struct job_shm shm;
     int kills = 0;
-    uint32_t committed_at_kill[64] = {0};
+    uint32_t committed_at_kill[64] = {0}, logged = 0;
     while (job_shm_attach(&shm, job, JOB_MAP_CTL, true) != 0) {
         if (waitpid(launcher, NULL, WNOHANG) == launcher)
             fail_msg("launcher exited before the job appeared");
         usleep(5000);
     }
-    for (;;) {
+    for (uint64_t logged_ns = clock_ns();;) {
         usleep((useconds_t)(min_ms + (int)rnd((unsigned)(max_ms - min_ms))) * 1000);
         int st;
         if (waitpid(launcher, &st, WNOHANG) == launcher) {
@@ -188,6 +254,13 @@ static int kill_randomly(pid_t launcher, const char *job, int kind, int min_ms, 
             return WIFEXITED(st) ? (WEXITSTATUS(st) << 16) | kills : -1;
         }
         struct ctl_header *h = shm.ctl;
+        if (atomic_load(&h->metrics_step) != logged) {
+            logged = atomic_load(&h->metrics_step);
+            logged_ns = clock_ns();
+        } else if (clock_ns() - logged_ns > HANG_S * 1000000000ull) {
+            job_shm_detach(&shm);
+            fail_hung(launcher, name);
+        }
         int n = kind == PROC_WORKER ? h->gpus : h->optim_procs;
         int victim = (int)rnd((unsigned)n);
         uint32_t committed = ctl_committed_step(h);
@@ -209,73 +282,103 @@ static int kill_randomly(pid_t launcher, const char *job, int kind, int min_ms, 
     }
 }
 
+/* A job's folder name: base, then the variant's tag, then suffix. */
+static void variant_name(char *out, size_t len, const char *base, const struct variant *v, const char *suffix)
+{
+    snprintf(out, len, "%s%s%s%s", base, v->tag[0] ? "-" : "", v->tag, suffix);
+}
+
+/* The uninterrupted runs a variant's interrupted ones must match: 120 steps, and 12 for crash points. */
+static void run_references(const struct variant *v, bool with_short)
+{
+    char name[64];
+    variant_name(name, sizeof name, "ref", v, "");
+    write_job_as(v, name, 120, "");
+    assert_int_equal(run_job(name, NULL), 0);
+    int first, last;
+    assert_int_equal(metrics_lines(name, &first, &last), 120);
+    if (!with_short)
+        return;
+    variant_name(name, sizeof name, "ref", v, "-short");
+    write_job_as(v, name, 12, "");
+    assert_int_equal(run_job(name, NULL), 0);
+}
+
+/* A 120-step job whose processes of one kind are killed at random moments (at least 20 times). */
+static void random_kills(const struct variant *v, int kind)
+{
+    char name[64], ref[64];
+    variant_name(name, sizeof name, kind == PROC_WORKER ? "kill-workers" : "kill-optims", v, "");
+    variant_name(ref, sizeof ref, "ref", v, "");
+    write_job_as(v, name, 120, "");
+    pid_t pid = start_launcher(name, NULL);
+    int r = kill_randomly(pid, name, kind, 60, 240);
+    printf("# %s: %d %s kills, launcher exit %d\n", name, r & 0xffff, kind == PROC_WORKER ? "worker" : "optimizer",
+           r >> 16);
+    if (r >> 16 != 0)
+        show_log(name);
+    assert_int_equal(r >> 16, 0);
+    assert_true((r & 0xffff) >= 20);
+    assert_same_weights(name, ref);
+    int first, last;
+    assert_int_equal(metrics_lines(name, &first, &last), 120);
+}
+
+/* A named point of the protocol where both workers or all optimizers kill themselves, at the given
+ * pass, or at a random one of `passes` when `passes` is positive. */
+struct crash_point {
+    const char *name;
+    int passes;
+};
+
+/* Each point in its own 12-step job, which must finish like the uninterrupted one. */
+static void crash_points(const struct variant *v, const struct crash_point *points, size_t n, uint64_t *point_rng)
+{
+    char ref[64], base[64];
+    variant_name(ref, sizeof ref, "ref", v, "-short");
+    variant_name(base, sizeof base, "point", v, "");
+    for (size_t i = 0; i < n; i++) {
+        char spec[96], name[80];
+        int passes = points[i].passes;
+        int count = passes < 0 ? -passes : 1 + (int)(tu_uniform(point_rng) * (float)passes) % passes;
+        snprintf(spec, sizeof spec, "%s:%d", points[i].name, count);
+        snprintf(name, sizeof name, "%s-%zu", base, i);
+        write_job_as(v, name, 12, "");
+        int rc = run_job(name, spec);
+        printf("# %s: crash at %s -> exit %d\n", name, spec, rc);
+        if (rc != 0)
+            show_log(name);
+        assert_int_equal(rc, 0);
+        char logp[1300];
+        job_path(name, "launcher.log", logp, sizeof logp);
+        char *log = tu_read_file(logp, NULL);
+        if (!strstr(log, "died from signal 9"))
+            fail_msg("%s: no process died at %s", name, spec);
+        free(log);
+        assert_same_weights(name, ref);
+    }
+}
+
 static void test_reference(void **state)
 {
-    write_job("ref", 120, "");
-    assert_int_equal(run_job("ref", NULL), 0);
-    write_job("ref-short", 12, "");
-    assert_int_equal(run_job("ref-short", NULL), 0);
-    int first, last;
-    assert_int_equal(metrics_lines("ref", &first, &last), 120);
+    run_references(&plain, true);
 }
 
 static void test_random_worker_kills(void **state)
 {
-    write_job("kill-workers", 120, "");
-    char job[32];
-    job_name_of("kill-workers", job, sizeof job);
-    pid_t pid = start_launcher("kill-workers", NULL);
-    int r = kill_randomly(pid, job, PROC_WORKER, 60, 240);
-    printf("# worker kills: %d, launcher exit %d\n", r & 0xffff, r >> 16);
-    if (r >> 16 != 0)
-        show_log("kill-workers");
-    assert_int_equal(r >> 16, 0);
-    assert_true((r & 0xffff) >= 20);
-    assert_same_weights("kill-workers", "ref");
-    int first, last;
-    assert_int_equal(metrics_lines("kill-workers", &first, &last), 120);
+    random_kills(&plain, PROC_WORKER);
 }
 
 /* Micro-steps summing their gradients on the device: a worker killed mid-step redoes the step. */
 static void test_worker_kills_accumulating_on_device(void **state)
 {
-    write_job("ref-dev", 120, "");
-    char ini[1300];
-    job_path("ref-dev", "job.ini", ini, sizeof ini);
-    FILE *f = fopen(ini, "a");
-    fputs("[runtime]\naccumulate_on_device = true\n", f);
-    fclose(f);
-    assert_int_equal(run_job("ref-dev", NULL), 0);
-    write_job("kill-dev", 120, "");
-    job_path("kill-dev", "job.ini", ini, sizeof ini);
-    f = fopen(ini, "a");
-    fputs("[runtime]\naccumulate_on_device = true\n", f);
-    fclose(f);
-    char job[32];
-    job_name_of("kill-dev", job, sizeof job);
-    pid_t pid = start_launcher("kill-dev", NULL);
-    int r = kill_randomly(pid, job, PROC_WORKER, 60, 240);
-    printf("# worker kills with on-device accumulation: %d, launcher exit %d\n", r & 0xffff, r >> 16);
-    if (r >> 16 != 0)
-        show_log("kill-dev");
-    assert_int_equal(r >> 16, 0);
-    assert_true((r & 0xffff) >= 20);
-    assert_same_weights("kill-dev", "ref-dev");
+    run_references(&on_device, false);
+    random_kills(&on_device, PROC_WORKER);
 }
 
 static void test_random_optimizer_kills(void **state)
 {
-    write_job("kill-optims", 120, "");
-    char job[32];
-    job_name_of("kill-optims", job, sizeof job);
-    pid_t pid = start_launcher("kill-optims", NULL);
-    int r = kill_randomly(pid, job, PROC_OPTIM, 60, 240);
-    printf("# optimizer kills: %d, launcher exit %d\n", r & 0xffff, r >> 16);
-    if (r >> 16 != 0)
-        show_log("kill-optims");
-    assert_int_equal(r >> 16, 0);
-    assert_true((r & 0xffff) >= 20);
-    assert_same_weights("kill-optims", "ref");
+    random_kills(&plain, PROC_OPTIM);
 }
 
 /* Each named point of the protocol, hit at a varying count, in both workers or both optimizers. */
@@ -286,63 +389,114 @@ static void test_crash_points(void **state)
     /* how often each point is passed per process in the 12-step job: 12 steps x 2 micro-steps x 4
      * chunks of gradients per worker, 12 x 4 micro-batches x 2 chunks reduced and 12 x 2 chunk
      * updates per optimizer */
-    static const struct {
-        const char *name;
-        int passes;
-    } points[] = {
+    static const struct crash_point points[] = {
         {"worker_slot_writing", 96}, {"worker_slot_written", 96}, {"worker_slot_posted", 96},
         {"worker_pushed", 96},       {"optim_reduce_journaled", 96}, {"optim_reduced", 96},
         {"optim_freed", 96},         {"optim_update_journaled", 24}, {"optim_updated", 24},
         /* the very last gradient and update: the step commits while its worker is dead */
         {"worker_pushed", -96},      {"optim_updated", -24},
     };
-    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
-        char spec[96], name[64];
-        int count = points[i].passes < 0 ? -points[i].passes
-                                         : 1 + (int)(tu_uniform(&point_rng) * (float)points[i].passes) % points[i].passes;
-        snprintf(spec, sizeof spec, "%s:%d", points[i].name, count);
-        snprintf(name, sizeof name, "point-%zu", i);
-        write_job(name, 12, "");
-        int rc = run_job(name, spec);
-        printf("# crash at %s -> exit %d\n", spec, rc);
-        if (rc != 0)
-            show_log(name);
-        assert_int_equal(rc, 0);
-        char logp[1300];
-        job_path(name, "launcher.log", logp, sizeof logp);
-        char *log = tu_read_file(logp, NULL);
-        if (!strstr(log, "died from signal 9"))
-            fail_msg("%s: no process died at %s", name, spec);
-        free(log);
-        assert_same_weights(name, "ref-short");
+    crash_points(&plain, points, sizeof points / sizeof points[0], &point_rng);
+}
+
+/* Chunks evicted and fetched again within a step, with updates after and during the backward:
+ * random worker and optimizer kills, and crash points. */
+static void test_evicting_chunks(void **state)
+{
+    const char *env = getenv("SLIDEDP_TEST_POINT_SEED");
+    uint64_t point_rng = tu_seed("evicting crash points", env ? strtoull(env, NULL, 10) : 13);
+    static const struct crash_point points[] = {
+        /* the last gradient of steps 6 and 11 (8 per step): the step commits while its workers are
+         * dead, and (during the backward) the optimizers may finish it before recording its norm */
+        {"worker_pushed", -48}, {"worker_pushed", -88},
+        {"worker_slot_writing", 96}, {"optim_reduced", 96}, {"optim_updated", 24},
+    };
+    const struct variant *variants[] = {&evicting, &evicting_during};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        run_references(variants[i], true);
+        random_kills(variants[i], PROC_WORKER);
+        random_kills(variants[i], PROC_OPTIM);
+        crash_points(variants[i], points, sizeof points / sizeof points[0], &point_rng);
     }
 }
 
+/* The host calibration file the first launcher measured into the test's cache (see main). */
+static void calibration_path(char *out, size_t len)
+{
+    char cache[1100];
+    snprintf(cache, sizeof cache, "%s/calib", dir);
+    DIR *d = opendir(cache);
+    struct dirent *e;
+    out[0] = 0;
+    while (d && (e = readdir(d)))
+        if (!strncmp(e->d_name, "calib-", 6) && strncmp(e->d_name, "calib-gpu-", 10) && strstr(e->d_name, ".json"))
+            snprintf(out, len, "%s/%s", cache, e->d_name);
+    if (d)
+        closedir(d);
+    if (!out[0])
+        fail_msg("no host calibration in %s", cache);
+}
+
+/* Writes the calibration `text` as measured on a host `factor` times slower: times multiplied,
+ * rates divided. By a power of two the predictions scale exactly, so the plan's choices stay. */
+static void write_calibration(const char *path, const char *text, double factor)
+{
+    cJSON *o = cJSON_Parse(text);
+    assert_non_null(o);
+    const char *curves[] = {"memcpy_bw", "adamw_rate"}; /* [threads, rate] pairs */
+    for (int i = 0; i < 2; i++)
+        for (cJSON *it = cJSON_GetObjectItem(o, curves[i])->child; it; it = it->next) {
+            cJSON *v = cJSON_GetArrayItem(it, 1);
+            cJSON_SetNumberValue(v, v->valuedouble / factor);
+        }
+    cJSON *wake = cJSON_GetObjectItem(o, "wake_s");
+    cJSON_SetNumberValue(wake, wake->valuedouble * factor);
+    for (cJSON *it = cJSON_GetObjectItem(o, "cpu_backend")->child; it; it = it->next) {
+        bool rate = !strcmp(it->string, "gemm_flops");
+        cJSON_SetNumberValue(it, rate ? it->valuedouble / factor : it->valuedouble * factor);
+    }
+    char *out = cJSON_Print(o);
+    tu_write_file(path, out);
+    free(out);
+    cJSON_Delete(o);
+}
+
+/* Each relaunch also finds the host calibrated anew (slower each time): its state is adopted all
+ * the same, because only the plan's choices identify it, not its predicted times. */
 static void test_launcher_kills(void **state)
 {
     write_job("kill-launcher", 120, "");
-    char job[32];
+    char job[32], calib[1400];
     job_name_of("kill-launcher", job, sizeof job);
+    calibration_path(calib, sizeof calib);
+    char *measured = tu_read_file(calib, NULL);
     int rc = -1;
     for (int round = 0; round < 4; round++) {
+        write_calibration(calib, measured, (double)(1 << round));
         pid_t pid = start_launcher("kill-launcher", NULL);
         if (round == 3) {
-            rc = wait_exit(pid);
+            rc = wait_exit(pid, "kill-launcher");
             break;
         }
+        wait_running(pid, "kill-launcher", 0);
         usleep((useconds_t)(400 + rnd(800)) * 1000);
-        if (kill(pid, SIGKILL) != 0 || wait_exit(pid) != 128 + SIGKILL)
+        if (kill(pid, SIGKILL) != 0 || wait_exit(pid, "kill-launcher") != 128 + SIGKILL)
             fail_msg("the job ended before the launcher could be killed (round %d)", round);
         /* the state outlives the launcher */
         assert_int_equal(shm_objects(job), 4);
     }
+    tu_write_file(calib, measured);
+    free(measured);
     if (rc != 0)
         show_log("kill-launcher");
     assert_int_equal(rc, 0);
     char logp[1300];
     job_path("kill-launcher", "launcher.log", logp, sizeof logp);
     char *log = tu_read_file(logp, NULL);
-    assert_non_null(strstr(log, "adopting the state a dead launcher left"));
+    int adopted = 0;
+    for (char *p = log; (p = strstr(p, "adopting the state a dead launcher left")); p++)
+        adopted++;
+    assert_int_equal(adopted, 3);
     free(log);
     assert_same_weights("kill-launcher", "ref");
     int first, last;
@@ -355,9 +509,10 @@ static void test_sigterm_resume(void **state)
     char job[32];
     job_name_of("sigterm", job, sizeof job);
     pid_t pid = start_launcher("sigterm", NULL);
-    usleep((useconds_t)(1500 + rnd(1000)) * 1000);
+    wait_running(pid, "sigterm", 1);
+    usleep((useconds_t)(rnd(1000)) * 1000);
     kill(pid, SIGTERM);
-    int rc = wait_exit(pid);
+    int rc = wait_exit(pid, "sigterm");
     if (rc != 130)
         show_log("sigterm");
     assert_int_equal(rc, 130);
@@ -380,6 +535,48 @@ static void test_sigterm_resume(void **state)
     assert_false(tu_exists(p));
 }
 
+/* SIGTERM while a dead worker waits for its restart (which a stopping job does not do), or right
+ * after it, when it dies again: the others cannot finish their step, so they leave at once and the
+ * job stops at the last committed step, from where it resumes. */
+static void test_sigterm_while_restarting(void **state)
+{
+    write_job("sigterm-restart", 120, "");
+    char job[32], logp[1300];
+    job_name_of("sigterm-restart", job, sizeof job);
+    job_path("sigterm-restart", "launcher.log", logp, sizeof logp);
+    setenv("SLIDEDP_CRASH_AT_STEP", "30:1", 1);
+    pid_t pid = start_launcher("sigterm-restart", NULL);
+    unsetenv("SLIDEDP_CRASH_AT_STEP");
+    for (;;) {
+        char *log = tu_read_file(logp, NULL);
+        bool died = log && strstr(log, "restarting worker 1");
+        free(log);
+        if (died)
+            break;
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            fail_msg("the launcher exited before worker 1 died");
+        usleep(2000);
+    }
+    kill(pid, SIGTERM);
+    int rc = wait_exit(pid, "sigterm-restart");
+    if (rc != 130)
+        show_log("sigterm-restart");
+    assert_int_equal(rc, 130);
+    assert_int_equal(shm_objects(job), 0);
+    int first, last;
+    metrics_lines("sigterm-restart", &first, &last);
+    /* 29, or 28 when worker 1 died before its last gradients of step 29 were out */
+    printf("# stopped after step %d\n", last);
+    assert_true(last == 28 || last == 29);
+    char p[1300], step_dir[64];
+    snprintf(step_dir, sizeof step_dir, "ckpt/step-%d/optimizer.safetensors", last);
+    job_path("sigterm-restart", step_dir, p, sizeof p);
+    assert_true(tu_exists(p));
+    assert_int_equal(run_job("sigterm-restart", NULL), 0);
+    assert_same_weights("sigterm-restart", "ref");
+    assert_int_equal(metrics_lines("sigterm-restart", &first, &last), 120);
+}
+
 static void test_crash_loop(void **state)
 {
     write_job("loop", 12, "");
@@ -396,13 +593,14 @@ static void test_crash_loop(void **state)
     char *log = tu_read_file(logp, NULL);
     assert_non_null(strstr(log, "times without a step completing"));
     free(log);
-    /* the state of the last committed step is on disk */
+    /* the state of the last committed step is on disk: 4, or 3 when worker 1 kept dying before its
+     * poster thread had sent its last gradients of step 4 (likely on a busy machine) */
     int first, last;
     metrics_lines("loop", &first, &last);
     char p[1300], sd[64];
     snprintf(sd, sizeof sd, "ckpt/step-%d/optimizer.safetensors", last);
     job_path("loop", sd, p, sizeof p);
-    assert_int_equal(last, 4);
+    assert_true(last == 3 || last == 4);
     assert_true(tu_exists(p));
 }
 
@@ -410,6 +608,11 @@ int main(void)
 {
     rng = tu_seed("faults", (uint64_t)20261202);
     snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "faults"));
+    /* The launchers plan with a calibration of their own, measured once by the first: what others
+     * measure meanwhile cannot change the plans the runs here are compared under. */
+    char cache[1100];
+    snprintf(cache, sizeof cache, "%s/calib", dir);
+    setenv("SLIDEDP_CACHE_DIR", cache, 1);
     char *out = NULL;
     if (tu_sh(&out, "%s copy --out %s/data --seq-len 64 --train 2000 --seed 3", tu_bin("slidedp-data"), dir) != 0)
         fail_msg("slidedp-data failed: %s", out);
@@ -420,8 +623,10 @@ int main(void)
         cmocka_unit_test(test_worker_kills_accumulating_on_device),
         cmocka_unit_test(test_random_optimizer_kills),
         cmocka_unit_test(test_crash_points),
+        cmocka_unit_test(test_evicting_chunks),
         cmocka_unit_test(test_launcher_kills),
         cmocka_unit_test(test_sigterm_resume),
+        cmocka_unit_test(test_sigterm_while_restarting),
         cmocka_unit_test(test_crash_loop),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -444,6 +444,15 @@ static bool already_posted(struct worker *w, int c, int owner)
     return chunk_grad_consumed(ctl_chunk_state(w->ctl, c), w->step, w->micro);
 }
 
+/* Whether the previous incarnation posted every chunk of the micro-batch being redone. */
+static bool all_posted(struct worker *w)
+{
+    for (int c = 0; c < w->ctl->num_chunks; c++)
+        if (!already_posted(w, c, ctl_chunk_state(w->ctl, c)->owner))
+            return false;
+    return true;
+}
+
 /* Copies elements [begin, begin+count) of chunk c's gradient (device memory at grad) into the
  * next free host slot and queues its descriptor for the poster thread. */
 static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count)
@@ -694,21 +703,37 @@ static int train_step(struct worker *w, uint32_t s)
     io.ctx = w;
     w->need_version = s - 1;
     w->step = s;
-    uint32_t first = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire);
-    w->loss_sum = loss_through(w, s, first);
+    uint32_t posted = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire), first = posted;
     /* Micro-steps summing on the device post once, at the last one, as micro-batch r (GPU-side
      * gradients too, each rank its shard); a restart then has nothing posted to build on and redoes
-     * the step from its first micro-step. So do workers that exchange shards: every rank walks the
-     * same exchange sequence, so after a restart all of them redo the step together. What the
-     * previous incarnation already posted is recognised and not posted again. */
+     * the step from its first micro-step. */
     bool one_post = h->plan.accumulate_on_device || w->gpu_grads;
     bool redo_step = one_post || h->exchange;
-    if (redo_step && (first < (uint32_t)w->A || (h->exchange && w->recovering))) {
+    if (one_post && first < (uint32_t)w->A)
         first = 0;
-        w->loss_sum = 0;
-    }
-    if (w->recovering)
+    if (h->exchange) {
+        /* Every rank walks the same exchange sequence, so after a restart all of them redo the step
+         * together (the launcher skips a step all of whose gradients were out: ctl_xchg_reset);
+         * what already reached the optimizers is recognised and not sent again. */
+        first = 0;
+        if (w->recovering)
+            w->recover_step = s;
+    } else if (w->recovering) {
         w->recover_step = s;
+        uint32_t recover_micro = one_post ? (uint32_t)w->rank : first * (uint32_t)w->G + (uint32_t)w->rank;
+        /* With all its gradients out, the micro-batch is not computed again: its loss is saved, and
+         * the step may complete and its chunks be updated while we would read them. */
+        w->micro = recover_micro;
+        if (first < (uint32_t)w->A && all_posted(w)) {
+            first = one_post ? (uint32_t)w->A : first + 1;
+            w->recovering = false;
+        }
+        /* the previous incarnation may also have died before marking what it posted */
+        bool done = first == (uint32_t)w->A;
+        if (first > posted || done)
+            post_enqueue(w, (struct post){.chunk = -1, .step = s, .posted = first, .step_done = done});
+    }
+    w->loss_sum = loss_through(w, s, first);
     int64_t seq_index[4096];
     SD_ASSERT(w->mb <= 4096);
     for (int a = (int)first; a < w->A; a++) {
@@ -940,11 +965,20 @@ int worker_run(const struct worker_args *args)
     struct step_record *last = ctl_step(h, committed);
     if (committed >= 1 && atomic_load(&last->step) == committed && !atomic_load(&last->rank_done[w->rank]))
         finish_rank(w, committed);
+    /* Exchanging workers start where the launcher put the exchange: past a step whose gradients
+     * are all out (its loss is saved too), which then only needs marking done. */
+    uint32_t start = committed + 1;
+    if (h->exchange && atomic_load(&h->xchg_first_step) > start) {
+        start = atomic_load(&h->xchg_first_step);
+        if (!atomic_load(&ctl_step(h, start - 1)->rank_done[w->rank]))
+            finish_rank(w, start - 1);
+    }
     atomic_fetch_add(&h->workers_ready, 1);
-    if (committed >= 1 && is_val_step(h, w->have_val, committed) &&
-        !atomic_load(&ctl_step(h, committed)->val_done[w->rank]) && eval_step(w, committed) != 0)
+    uint32_t evaluated = start - 1;
+    if (evaluated >= 1 && is_val_step(h, w->have_val, evaluated) &&
+        !atomic_load(&ctl_step(h, evaluated)->val_done[w->rank]) && eval_step(w, evaluated) != 0)
         return 1;
-    for (uint32_t s = committed + 1; s <= (uint32_t)h->job.steps; s++) {
+    for (uint32_t s = start; s <= (uint32_t)h->job.steps; s++) {
         if (!may_start_step(w, s))
             break;
         /* Never run more than half the step records ahead of the launcher's logging. */
