@@ -43,6 +43,9 @@ static const struct variant on_device = {"dev", "accumulate_on_device = true\n",
 static const struct variant evicting = {"cb3", "chunk_buffers = 3\n", false};
 static const struct variant evicting_during = {"cb3-during", "chunk_buffers = 3\nupdate_mode = during_backward\n",
                                                true};
+/* Sharded parameters and GPU-side gradients (shared memory standing in for peer copies): a dead
+ * worker takes the others down with it and all restart together. */
+static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false};
 
 /* A job in its own folder (log, checkpoints) sharing the generated data. */
 static void write_job_as(const struct variant *v, const char *name, int steps, const char *extra)
@@ -381,6 +384,15 @@ static void test_random_optimizer_kills(void **state)
     random_kills(&plain, PROC_OPTIM);
 }
 
+/* The peer routes give the plain job's bits (tests/test_routes.c), with kills too. */
+static void test_kills_exchanging(void **state)
+{
+    run_references(&exchanging, false);
+    assert_same_weights("ref-xchg", "ref");
+    random_kills(&exchanging, PROC_WORKER);
+    random_kills(&exchanging, PROC_OPTIM);
+}
+
 /* Each named point of the protocol, hit at a varying count, in both workers or both optimizers. */
 static void test_crash_points(void **state)
 {
@@ -622,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_random_worker_kills),
         cmocka_unit_test(test_worker_kills_accumulating_on_device),
         cmocka_unit_test(test_random_optimizer_kills),
+        cmocka_unit_test(test_kills_exchanging),
         cmocka_unit_test(test_crash_points),
         cmocka_unit_test(test_evicting_chunks),
         cmocka_unit_test(test_launcher_kills),
