@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -454,7 +455,15 @@ static int topology_probe(const char *bin_dir, int gpus, struct topology *t)
     posix_spawn_file_actions_addclose(&fa, pfd[0]);
     posix_spawn_file_actions_addclose(&fa, pfd[1]);
     pid_t pid;
-    int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+    /* the launcher blocks its stop signals until its loop runs; the probe must not inherit that */
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+    int rc = posix_spawn(&pid, exe, &fa, &attr, argv, environ);
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&fa);
     close(pfd[1]);
     if (rc != 0) {

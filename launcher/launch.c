@@ -9,6 +9,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -698,6 +700,13 @@ static void print_header(const struct sup *s)
 
 int launch_run(const struct launch_opts *opts)
 {
+    /* SIGINT/SIGTERM wait until the loop handles them (a stop while the state is being created
+     * would otherwise kill us with the shm objects made) */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
     struct sup *s = calloc(1, sizeof *s);
     if (!s) {
         fprintf(stderr, "slidedp-launch: out of memory\n");
@@ -757,6 +766,7 @@ int launch_run(const struct launch_opts *opts)
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* one that came meanwhile is handled now */
 
     s->num_children = job->gpus + s->st.plan.optim_procs;
     s->children = calloc((size_t)s->num_children, sizeof *s->children);

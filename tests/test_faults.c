@@ -550,6 +550,51 @@ static void test_sigterm_resume(void **state)
 /* SIGTERM while a dead worker waits for its restart (which a stopping job does not do), or right
  * after it, when it dies again: the others cannot finish their step, so they leave at once and the
  * job stops at the last committed step, from where it resumes. */
+/* SIGTERM at once and shortly after the start, while the launcher validates, calibrates, plans
+ * and creates the shared state: it stops cleanly (exit 130, or killed before it began) and leaves
+ * nothing in /dev/shm; the job then runs as if never stopped. */
+static void test_early_sigterm(void **state)
+{
+    static const int delays_ms[] = {0, 1, 3, 10, 30, 60, 100, 200};
+    char job[32];
+    for (size_t i = 0; i < sizeof delays_ms / sizeof delays_ms[0]; i++) {
+        write_job("early", 120, "");
+        job_name_of("early", job, sizeof job);
+        pid_t pid = start_launcher("early", NULL);
+        usleep((useconds_t)delays_ms[i] * 1000);
+        kill(pid, SIGTERM);
+        int rc = wait_exit(pid, "early");
+        printf("# SIGTERM %d ms after the start -> exit %d\n", delays_ms[i], rc);
+        /* before main() blocks the signal it kills (nothing exists yet); once the program is
+         * surely running (60 ms) it must be a clean stop */
+        bool clean = rc == 130 || (rc == 128 + SIGTERM && delays_ms[i] < 60);
+        if (!clean)
+            show_log("early");
+        assert_true(clean);
+        assert_int_equal(shm_objects(job), 0);
+    }
+    /* while it calibrates the host (seconds, with an empty calibration cache) */
+    const char *cache = getenv("SLIDEDP_CACHE_DIR");
+    char saved[1100], fresh[1300];
+    snprintf(saved, sizeof saved, "%s", cache);
+    snprintf(fresh, sizeof fresh, "%s/calib-early", dir);
+    tu_rmrf(fresh);
+    setenv("SLIDEDP_CACHE_DIR", fresh, 1);
+    write_job("early", 120, "");
+    pid_t pid = start_launcher("early", NULL);
+    setenv("SLIDEDP_CACHE_DIR", saved, 1);
+    usleep(300 * 1000);
+    kill(pid, SIGTERM);
+    int rc = wait_exit(pid, "early");
+    printf("# SIGTERM 300 ms after the start, while calibrating -> exit %d\n", rc);
+    if (rc != 130)
+        show_log("early");
+    assert_int_equal(rc, 130);
+    assert_int_equal(shm_objects(job), 0);
+    assert_int_equal(run_job("early", NULL), 0);
+    assert_same_weights("early", "ref");
+}
+
 static void test_sigterm_while_restarting(void **state)
 {
     write_job("sigterm-restart", 120, "");
@@ -640,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_launcher_kills),
         cmocka_unit_test(test_sigterm_resume),
         cmocka_unit_test(test_sigterm_while_restarting),
+        cmocka_unit_test(test_early_sigterm),
         cmocka_unit_test(test_crash_loop),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
