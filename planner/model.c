@@ -295,6 +295,7 @@ struct sim {
     const struct model_case *mc;
     bool cpu, tied, during, on_device;
     bool shard_acc; /* GPU-side gradients: micro-steps reduce-scatter into shard accumulators */
+    bool sharded;   /* sharded parameters: each fill is a host-synchronised exchange */
     int nc, hc, G, A, K, S;
     double wake;
     /* per chunk, seconds */
@@ -361,6 +362,8 @@ static void fill(struct sim *s, struct centry *e, int c)
     e->step = s->step;
     if (s->cpu) /* a synchronous conversion on the worker's thread */
         s->host = s->comp = e->ready = fmax(s->host, s->comp) + dur;
+    else if (s->sharded) /* staged and gathered from the host thread, which waits for everything */
+        s->host = s->comp = s->h2d = e->ready = fmax(fmax(s->host, s->h2d), s->comp) + dur;
     else /* the copy engine, after all compute queued so far (it may read the buffer) */
         s->h2d = e->ready = fmax(fmax(s->host, s->h2d), s->comp) + dur;
     s->h2d_busy += dur;
@@ -436,7 +439,13 @@ static void grads_done(struct sim *s, int c, int buf, bool last_micro)
     if (s->on_device && !last_micro)
         return;
     bool to_host = last_micro || !s->shard_acc;
-    double dur = s->exchange[c] + (to_host ? s->send[c] : 0);
+    double dur = to_host ? s->send[c] : 0;
+    if (s->cpu) {
+        dur += s->exchange[c];
+    } else if (s->exchange[c] > 0) {
+        /* the exchange is synchronised from the host (worker/pipeline.c): compute waits for it */
+        s->host = s->comp = fmax(s->host, s->comp) + s->exchange[c];
+    }
     int si = s->next_slot;
     if (to_host) {
         s->next_slot = (si + 1) % s->S;
@@ -593,6 +602,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
         .during = p->update_mode == UPDATE_DURING_BACKWARD,
         .on_device = p->accumulate_on_device,
         .shard_acc = gpu_grads,
+        .sharded = sharded,
         .nc = nc,
         .hc = nc - 1,
         .G = G,
