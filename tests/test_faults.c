@@ -490,8 +490,10 @@ static void test_launcher_kills(void **state)
             rc = wait_exit(pid, "kill-launcher");
             break;
         }
-        wait_running(pid, "kill-launcher", 0);
-        usleep((useconds_t)(400 + rnd(800)) * 1000);
+        /* a random moment once about a quarter more of the 120 steps is logged: never so late
+         * that the job could end first, however fast the machine */
+        wait_running(pid, "kill-launcher", (uint32_t)(25 * (round + 1) + (int)rnd(10)));
+        usleep((useconds_t)rnd(30) * 1000);
         if (kill(pid, SIGKILL) != 0 || wait_exit(pid, "kill-launcher") != 128 + SIGKILL)
             fail_msg("the job ended before the launcher could be killed (round %d)", round);
         /* the state outlives the launcher */
@@ -521,8 +523,9 @@ static void test_sigterm_resume(void **state)
     char job[32];
     job_name_of("sigterm", job, sizeof job);
     pid_t pid = start_launcher("sigterm", NULL);
-    wait_running(pid, "sigterm", 1);
-    usleep((useconds_t)(rnd(1000)) * 1000);
+    /* a random moment within the first half of the 120 steps, however fast the machine */
+    wait_running(pid, "sigterm", 1 + rnd(60));
+    usleep((useconds_t)rnd(30) * 1000);
     kill(pid, SIGTERM);
     int rc = wait_exit(pid, "sigterm");
     if (rc != 130)
