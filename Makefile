@@ -46,7 +46,8 @@ test: build
 # libFuzzer (clang) on the safetensors and config parsers for FUZZ_SECONDS each; new inputs are
 # merged into tests/fuzz/corpus/.
 FUZZ_SECONDS ?= 180
-FUZZ_SRC := common/err.c common/safetensors.c common/job.c common/model_config.c
+FUZZ_SRC := common/err.c common/safetensors.c common/job.c common/model_config.c common/topology.c \
+            common/ini_lines.c common/fsutil.c
 fuzz: deps
 	@mkdir -p $(BUILD)/fuzz
 	@for t in safetensors config; do \

@@ -1,5 +1,6 @@
-/* Fuzz target: job.ini (through inih and our validation) and config.json parsing must refuse any
- * malformed input with an error, never crash. The first byte picks the parser. */
+/* Fuzz target: job.ini (through inih and our validation), config.json and GPU topology file
+ * parsing must refuse any malformed input with an error, never crash. The first byte picks the
+ * parser. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 
 #include "common/job.h"
 #include "common/model_config.h"
+#include "common/topology.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -16,6 +18,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
         return 0;
+    if ((data[0] & 3) == 2) {
+        FILE *f = fmemopen((void *)(data + 1), size - 1 ? size - 1 : 1, "r");
+        if (!f)
+            return 0;
+        struct topology t;
+        topology_parse(f, "fuzz", TOPO_FILE, &t);
+        fclose(f);
+        return 0;
+    }
     if (data[0] & 1) {
         char *text = malloc(size);
         memcpy(text, data + 1, size - 1);
