@@ -4,7 +4,6 @@
  * directory, no shared memory object, input files untouched. */
 #include "tests/testutil.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -139,18 +138,10 @@ static const char *base_ini = "[model]\npath = model\n[data]\ntrain = train.bin\
 /* Shared memory objects of the job whose log.dir is <case dir>/log (other jobs may run meanwhile). */
 static int count_shm(const char *cdir)
 {
-    char log_dir[1400], job[32], prefix[64];
+    char log_dir[1400], job[32];
     snprintf(log_dir, sizeof log_dir, "%s/log", cdir);
     ctl_job_name(log_dir, job, sizeof job);
-    snprintf(prefix, sizeof prefix, "slidedp.%s.", job);
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += !strncmp(e->d_name, prefix, strlen(prefix));
-    if (d)
-        closedir(d);
-    return n;
+    return tu_shm_objects(job);
 }
 
 /* Recursive listing with sizes and mtimes: "nothing modified" means this does not change. */

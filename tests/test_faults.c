@@ -163,20 +163,6 @@ static void job_name_of(const char *name, char *out, size_t len)
     ctl_job_name(job.log_dir, out, len);
 }
 
-static int shm_objects(const char *job)
-{
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    struct dirent *e;
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "slidedp.%s.", job);
-    while (d && (e = readdir(d)))
-        n += !strncmp(e->d_name, prefix, strlen(prefix));
-    if (d)
-        closedir(d);
-    return n;
-}
-
 static void assert_same_weights(const char *name, const char *ref)
 {
     size_t a_len, b_len;
@@ -189,7 +175,7 @@ static void assert_same_weights(const char *name, const char *ref)
     free(b);
     char job[32];
     job_name_of(name, job, sizeof job);
-    assert_int_equal(shm_objects(job), 0);
+    assert_int_equal(tu_shm_objects(job), 0);
 }
 
 static int metrics_lines(const char *name, int *first, int *last)
@@ -497,7 +483,7 @@ static void test_launcher_kills(void **state)
         if (kill(pid, SIGKILL) != 0 || wait_exit(pid, "kill-launcher") != 128 + SIGKILL)
             fail_msg("the job ended before the launcher could be killed (round %d)", round);
         /* the state outlives the launcher */
-        assert_int_equal(shm_objects(job), 4);
+        assert_int_equal(tu_shm_objects(job), 4);
     }
     tu_write_file(calib, measured);
     free(measured);
@@ -531,7 +517,7 @@ static void test_sigterm_resume(void **state)
     if (rc != 130)
         show_log("sigterm");
     assert_int_equal(rc, 130);
-    assert_int_equal(shm_objects(job), 0);
+    assert_int_equal(tu_shm_objects(job), 0);
     int first, last;
     metrics_lines("sigterm", &first, &last);
     char p[1300], step_dir[64];
@@ -574,7 +560,7 @@ static void test_early_sigterm(void **state)
         if (!clean)
             show_log("early");
         assert_true(clean);
-        assert_int_equal(shm_objects(job), 0);
+        assert_int_equal(tu_shm_objects(job), 0);
     }
     /* while it calibrates the host (seconds, with an empty calibration cache) */
     const char *cache = getenv("SLIDEDP_CACHE_DIR");
@@ -593,7 +579,7 @@ static void test_early_sigterm(void **state)
     if (rc != 130)
         show_log("early");
     assert_int_equal(rc, 130);
-    assert_int_equal(shm_objects(job), 0);
+    assert_int_equal(tu_shm_objects(job), 0);
     assert_int_equal(run_job("early", NULL), 0);
     assert_same_weights("early", "ref");
 }
@@ -622,7 +608,7 @@ static void test_sigterm_while_restarting(void **state)
     if (rc != 130)
         show_log("sigterm-restart");
     assert_int_equal(rc, 130);
-    assert_int_equal(shm_objects(job), 0);
+    assert_int_equal(tu_shm_objects(job), 0);
     int first, last;
     metrics_lines("sigterm-restart", &first, &last);
     /* 29, or 28 when worker 1 died before its last gradients of step 29 were out */
@@ -647,7 +633,7 @@ static void test_crash_loop(void **state)
     unsetenv("SLIDEDP_CRASH_AT_STEP");
     show_log("loop");
     assert_int_equal(rc, 1);
-    assert_int_equal(shm_objects(job), 0);
+    assert_int_equal(tu_shm_objects(job), 0);
     char logp[1300];
     job_path("loop", "launcher.log", logp, sizeof logp);
     char *log = tu_read_file(logp, NULL);

@@ -5,7 +5,6 @@
 #include "tests/testutil.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -38,20 +37,6 @@ static void write_job(const char *extra)
              tu_src("examples/tiny-qwen3"), extra);
     snprintf(p, sizeof p, "%s/job.ini", dir);
     tu_write_file(p, text);
-}
-
-static int count_shm_objects(const char *job)
-{
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    struct dirent *e;
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "slidedp.%s.", job);
-    while (d && (e = readdir(d)))
-        n += !strncmp(e->d_name, prefix, strlen(prefix));
-    if (d)
-        closedir(d);
-    return n;
 }
 
 /* Permissions of the mapping of a shm object in a process ("r--s"), or "" when not mapped. */
@@ -163,7 +148,7 @@ static void test_tiny_two_workers(void **state)
     waitpid(pid, &st, 0);
     printf("%s", buf);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    assert_int_equal(count_shm_objects(job_name), 0);
+    assert_int_equal(tu_shm_objects(job_name), 0);
 
     /* metrics.jsonl: one line per step with the contract fields; loss falls, accuracy rises */
     snprintf(cmd, sizeof cmd, "%s/log/metrics.jsonl", dir);
@@ -248,7 +233,9 @@ static float *train_deep(const char *tag, const char *overrides, struct layout *
     char p[1300], *out = NULL;
     snprintf(p, sizeof p, "%s/deep/model", dir);
     tu_rmrf(p);
-    assert_int_equal(tu_sh(&out, "mkdir -p %s && sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 12/' %s/config.json > %s/config.json",
+    assert_int_equal(tu_sh(&out,
+                           "mkdir -p %s && sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 12/' "
+                           "%s/config.json > %s/config.json",
                            p, tu_src("examples/tiny-qwen3"), p),
                      0);
     free(out);
@@ -258,9 +245,9 @@ static float *train_deep(const char *tag, const char *overrides, struct layout *
     assert_int_equal(cfg.num_layers, 12);
     assert_int_equal(layout_build(&cfg, 1, lay), 0);
     int rc = tu_sh(&out,
-                   "%s --device cpu --gpus 2 %s/job.ini model.path=%s/deep/model train.steps=4 train.warmup=1 train.grad_accum=3 "
-                   "train.micro_batch=2 log.dir=%s/deep/%s checkpoint.dir=%s/deep/%s/ckpt checkpoint.export_dtype=fp32 "
-                   "data.val= runtime.layers_per_chunk=1 %s 2>&1",
+                   "%s --device cpu --gpus 2 %s/job.ini model.path=%s/deep/model train.steps=4 train.warmup=1 "
+                   "train.grad_accum=3 train.micro_batch=2 log.dir=%s/deep/%s checkpoint.dir=%s/deep/%s/ckpt "
+                   "checkpoint.export_dtype=fp32 data.val= runtime.layers_per_chunk=1 %s 2>&1",
                    tu_bin("slidedp-launch"), dir, dir, dir, tag, dir, tag, overrides);
     if (rc != 0)
         fail_msg("slidedp-launch exited %d:\n%s", rc, out);

@@ -5,7 +5,6 @@
  * restarted together without changing a bit of the result. */
 #include "tests/testutil.h"
 
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,21 +155,13 @@ static void test_routes_with_chunks_streamed(void **state)
 /* Shared memory objects left by the job in <dir>/<tag>. */
 static int shm_objects_of(const char *tag)
 {
-    char ini[1300], prefix[64], job[32];
+    char ini[1300], job[32];
     snprintf(ini, sizeof ini, "%s/%s/job.ini", dir, tag);
     struct job_config cfg;
     if (job_config_load(ini, 0, NULL, &cfg) != 0)
         fail_msg("%s", sd_errmsg());
     ctl_job_name(cfg.log_dir, job, sizeof job);
-    snprintf(prefix, sizeof prefix, "slidedp.%s.", job);
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += !strncmp(e->d_name, prefix, strlen(prefix));
-    if (d)
-        closedir(d);
-    return n;
+    return tu_shm_objects(job);
 }
 
 /* A worker killed inside the exchange (every worker passes each point, so both die at about the

@@ -1,6 +1,7 @@
 /* Implementation of the test helpers (see testutil.h). */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -175,4 +176,18 @@ void tu_fill_uniform(float *x, size_t n, uint64_t *state, float lo, float hi)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = lo + (hi - lo) * tu_uniform(state);
+}
+
+int tu_shm_objects(const char *job)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    struct dirent *e;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "slidedp.%s.", job);
+    while (d && (e = readdir(d)))
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    if (d)
+        closedir(d);
+    return n;
 }

@@ -19,6 +19,8 @@ void tu_write_file(const char *path, const char *text);
 /* Reads a whole file (NUL-terminated, caller frees); NULL if missing. */
 char *tu_read_file(const char *path, size_t *len);
 bool tu_exists(const char *path);
+/* The shared memory objects a job (by its name, shm/ctl.h ctl_job_name) has in /dev/shm. */
+int tu_shm_objects(const char *job);
 
 /* Path of a built binary (e.g. "launcher/slidedp-launch") under $SD_BUILD; static buffer slot. */
 const char *tu_bin(const char *rel);
