@@ -91,6 +91,11 @@ static inline int64_t layout_shard_begin(int64_t n, int G, int r)
     return r >= G ? n : (n * r / G) & ~(int64_t)63;
 }
 
+static inline int64_t layout_shard_numel(int64_t n, int G, int r)
+{
+    return layout_shard_begin(n, G, r + 1) - layout_shard_begin(n, G, r);
+}
+
 /* Chunk that holds decoder layer l. */
 int layout_chunk_of_layer(const struct chunk_desc *chunks, int num_chunks, int layer);
 

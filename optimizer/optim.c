@@ -124,15 +124,10 @@ static uint32_t lane_begin(uint32_t n, int threads, int t)
     return (uint32_t)((uint64_t)n * (uint64_t)t / (uint64_t)threads);
 }
 
-static uint32_t reduce_blocks(const struct chunk_desc *ch)
+/* Journal blocks of n elements (a chunk, or the rank's shard a descriptor's slot holds). */
+static uint32_t blocks_of(uint64_t n)
 {
-    return (uint32_t)((ch->numel + JOURNAL_BLOCK - 1) / JOURNAL_BLOCK);
-}
-
-/* The blocks of the elements a descriptor's slot holds (the whole chunk, or a rank's shard). */
-static uint32_t desc_blocks(const struct chunk_desc_msg *d)
-{
-    return (uint32_t)((d->elem_count + JOURNAL_BLOCK - 1) / JOURNAL_BLOCK);
+    return (uint32_t)((n + JOURNAL_BLOCK - 1) / JOURNAL_BLOCK);
 }
 
 /* Copies a lane's journaled staging block into place (idempotent: a restart repeats it). */
@@ -197,7 +192,7 @@ static void reduce_lane(struct optim *o, int t)
     /* a shard of a GPU-side sum is the only contribution to its elements */
     bool first = d->micro == 0 || o->shard_grads;
     size_t base = (size_t)ch->offset + (size_t)d->elem_begin, count = (size_t)d->elem_count;
-    uint32_t nb = desc_blocks(d), end = lane_begin(nb, o->threads, t + 1);
+    uint32_t nb = blocks_of(d->elem_count), end = lane_begin(nb, o->threads, t + 1);
     uint32_t b = atomic_load_explicit(&cs->red_done[t], memory_order_acquire);
     o->fused_from[t] = b;
     for (; b < end; b++) {
@@ -219,7 +214,8 @@ static void reduce_lane(struct optim *o, int t)
 static void sumsq_lane(struct optim *o, int t)
 {
     const struct chunk_desc *ch = &ctl_chunks(o->ctl)[o->op_chunk];
-    uint32_t nb = reduce_blocks(ch), end = o->fuse_sumsq ? o->fused_from[t] : lane_begin(nb, o->threads, t + 1);
+    uint32_t nb = blocks_of((uint64_t)ch->numel);
+    uint32_t end = o->fuse_sumsq ? o->fused_from[t] : lane_begin(nb, o->threads, t + 1);
     for (uint32_t b = lane_begin(nb, o->threads, t); b < end; b++) {
         size_t i = (size_t)b * JOURNAL_BLOCK;
         size_t n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i : JOURNAL_BLOCK;
@@ -240,7 +236,7 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     if (atomic_load_explicit(&cs->red_key, memory_order_acquire) != key) {
         /* progress first: a crash between these stores leaves a stale key and fresh progress */
         for (int t = 0; t < o->threads; t++)
-            atomic_store_explicit(&cs->red_done[t], lane_begin(desc_blocks(d), o->threads, t),
+            atomic_store_explicit(&cs->red_done[t], lane_begin(blocks_of(d->elem_count), o->threads, t),
                                   memory_order_release);
         atomic_store_explicit(&cs->red_key, key, memory_order_release);
     }
@@ -255,7 +251,7 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
         o->op_chunk = (int)d->chunk;
         run_lanes(o, sumsq_lane);
         double total = 0;
-        for (uint32_t b = 0; b < reduce_blocks(ch); b++)
+        for (uint32_t b = 0; b < blocks_of((uint64_t)ch->numel); b++)
             total += o->block_sumsq[b];
         cs->sumsq[d->step & 1] = total;
         /* release: the sumsq above is visible to whoever sees reduced_step reach the step */

@@ -70,7 +70,7 @@ static uint64_t param_shard_capacity(int64_t max_chunk_numel, int gpus)
 {
     int64_t most = 0;
     for (int r = 0; r < gpus; r++) {
-        int64_t n = layout_shard_begin(max_chunk_numel, gpus, r + 1) - layout_shard_begin(max_chunk_numel, gpus, r);
+        int64_t n = layout_shard_numel(max_chunk_numel, gpus, r);
         most = n > most ? n : most;
     }
     return ((uint64_t)most + 63) & ~(uint64_t)63;
@@ -85,9 +85,7 @@ void ctl_window_layout(int64_t max_chunk_numel, int gpus, int weight_size, bool 
     out->total = out->param_base + XCHG_SLOTS * out->param_slot_bytes;
 }
 
-/* Whether descriptor (chunk c, step s, micro m) of rank r is in its ring or consumed; in that
- * order, because an optimizer advances its progress before it pops (optimizer/optim.c). */
-static bool grad_out(struct ctl_header *h, int r, int c, uint32_t s, uint32_t m)
+bool ctl_grad_out(struct ctl_header *h, int r, int c, uint32_t s, uint32_t m)
 {
     struct chunk_state *cs = ctl_chunk_state(h, c);
     struct ring *ring = ctl_ring(h, r, cs->owner);
@@ -108,7 +106,7 @@ static bool step_grads_out(struct ctl_header *h, uint32_t s)
     for (int c = 0; c < h->num_chunks; c++)
         for (int r = 0; r < h->gpus; r++)
             for (int a = 0; a < per_rank; a++)
-                if (!grad_out(h, r, c, s, one_post ? (uint32_t)r : (uint32_t)(a * h->gpus + r)))
+                if (!ctl_grad_out(h, r, c, s, one_post ? (uint32_t)r : (uint32_t)(a * h->gpus + r)))
                     return false;
     return true;
 }

@@ -268,6 +268,9 @@ struct window_layout {
 };
 void ctl_window_layout(int64_t max_chunk_numel, int gpus, int weight_size, bool grad_slots, bool param_slots,
                        struct window_layout *out);
+/* Whether rank r's gradient descriptor (chunk c, step s, micro-batch m) is in its ring or consumed
+ * (checked in that order, because an optimizer advances its progress before it pops). */
+bool ctl_grad_out(struct ctl_header *h, int r, int c, uint32_t s, uint32_t m);
 /* Puts the exchange back at the start of step committed + 1, or of the step after it when every
  * rank's gradients of that one are already out (redoing it could read chunks its completion
  * updates), with no windows published; sets xchg_first_step. Only while no worker runs. */

@@ -200,16 +200,28 @@ static void cache_fill(struct worker *w, struct cache_entry *e, int c, const uin
     atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)ch->numel * 2, memory_order_relaxed);
 }
 
-/* A restarted worker may read a chunk while its next update starts (update during backward);
- * it checks after the copy and re-reads from the prev copy if the update began meanwhile. */
+/* A restarted worker may read a chunk while its next update starts (update during backward):
+ * whether a read of chunk c from src could be torn that way, and, once the copy has landed,
+ * whether it was (the update began; the prev copy holds the version to read again). */
+static bool read_may_tear(const struct worker *w, const uint16_t *src)
+{
+    return w->recovering && w->shm.params16_prev && src < w->shm.params16_prev;
+}
+
+static bool read_torn(const struct worker *w, int c)
+{
+    struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
+    return atomic_load_explicit(&cs->upd_step, memory_order_acquire) > w->need_version;
+}
+
+/* Re-reads cache entry e's chunk from the prev copy if its fill from src was torn. */
 static void recheck_torn(struct worker *w, struct cache_entry *e, int c, const uint16_t *src)
 {
-    if (!w->recovering || !w->shm.params16_prev || src >= w->shm.params16_prev)
+    if (!read_may_tear(w, src))
         return;
     w->be.ops->wait_weights(&w->be, (int)(e - w->cache));
     w->be.ops->synchronize(&w->be);
-    struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
-    if (atomic_load_explicit(&cs->upd_step, memory_order_acquire) > w->need_version)
+    if (read_torn(w, c))
         cache_fill(w, e, c, wait_version(w, c));
 }
 
@@ -220,14 +232,20 @@ static struct xchg_rank *xchg_of(struct worker *w, int r)
     return ctl_xchg(w->ctl, r);
 }
 
+/* Wakes whoever waits on one of this rank's exchange words. */
+static void xchg_ring(struct worker *w)
+{
+    struct xchg_rank *x = xchg_of(w, w->rank);
+    atomic_fetch_add_explicit(&x->bell, 1, memory_order_release);
+    futex_wake_all(&x->bell);
+}
+
 /* Sets one of this rank's exchange words (1 + the key just finished) and wakes its waiters. */
 static void xchg_publish(struct worker *w, _Atomic uint64_t *word, uint64_t done)
 {
-    struct xchg_rank *x = xchg_of(w, w->rank);
     /* release: the window contents / the reads of the peers' windows happen before */
     atomic_store_explicit(word, done, memory_order_release);
-    atomic_fetch_add_explicit(&x->bell, 1, memory_order_release);
-    futex_wake_all(&x->bell);
+    xchg_ring(w);
 }
 
 /* Waits until every rank's word (at byte offset `field` in its struct xchg_rank) reaches `done`. */
@@ -290,9 +308,7 @@ static void stage_weights(struct worker *w, void *dst, int c, int64_t lo, int64_
         const uint16_t *src = wait_version(w, c);
         w->be.ops->fetch_weights_async(&w->be, w->cache_size, dst, src + lo, (size_t)n);
         w->be.ops->synchronize(&w->be);
-        struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
-        if (!w->recovering || !w->shm.params16_prev || src >= w->shm.params16_prev ||
-            atomic_load_explicit(&cs->upd_step, memory_order_acquire) <= w->need_version)
+        if (!read_may_tear(w, src) || !read_torn(w, c))
             break;
     }
     atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)n * 2, memory_order_relaxed);
@@ -310,18 +326,17 @@ static void gather_chunk(struct worker *w, struct cache_entry *e, int c, uint64_
     uint64_t off = w->win.param_base + (uint64_t)slot * w->win.param_slot_bytes;
     if (key >= XCHG_SLOTS) /* our slot's previous shard has been read by everyone */
         xchg_wait_all(w, offsetof(struct xchg_rank, param_gathered), key - XCHG_SLOTS + 1);
-    int64_t lo = layout_shard_begin(ch->numel, w->G, w->rank), hi = layout_shard_begin(ch->numel, w->G, w->rank + 1);
-    stage_weights(w, window_of(w, w->rank) + off, c, lo, hi - lo);
+    stage_weights(w, window_of(w, w->rank) + off, c, layout_shard_begin(ch->numel, w->G, w->rank),
+                  layout_shard_numel(ch->numel, w->G, w->rank));
     xchg_publish(w, &xchg_of(w, w->rank)->param_staged, key + 1);
     fault_point("worker_param_staged");
 
     xchg_wait_all(w, offsetof(struct xchg_rank, param_staged), key + 1);
     for (int r = 0; r < w->G; r++) {
-        int64_t plo = layout_shard_begin(ch->numel, w->G, r), phi = layout_shard_begin(ch->numel, w->G, r + 1);
-        w->be.ops->copy_device(&w->be, (char *)e->dev + (size_t)plo * ws, window_of(w, r) + off,
-                               (size_t)(phi - plo) * ws);
+        size_t lo = (size_t)layout_shard_begin(ch->numel, w->G, r), n = (size_t)layout_shard_numel(ch->numel, w->G, r);
+        w->be.ops->copy_device(&w->be, (char *)e->dev + lo * ws, window_of(w, r) + off, n * ws);
         if (r != w->rank)
-            atomic_fetch_add_explicit(&w->slot->bytes_peer, (uint64_t)(phi - plo) * ws, memory_order_relaxed);
+            atomic_fetch_add_explicit(&w->slot->bytes_peer, (uint64_t)(n * ws), memory_order_relaxed);
     }
     w->be.ops->synchronize(&w->be);
     xchg_publish(w, &xchg_of(w, w->rank)->param_gathered, key + 1);
@@ -429,28 +444,25 @@ static void io_grads_reuse(void *ctx, float *grad)
 }
 
 /* Whether the previous incarnation already posted chunk c of the micro-batch being redone: its
- * descriptor is in the ring, or the optimizer has consumed it (checked in that order, because
- * the optimizer advances its progress before it pops). */
-static bool already_posted(struct worker *w, int c, int owner)
+ * descriptor is in our ring, or the optimizer has consumed it. */
+static bool already_posted(struct worker *w, int c)
 {
-    struct ring *ring = ctl_ring(w->ctl, w->rank, owner);
-    uint32_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
-    uint32_t tail = atomic_load_explicit(&ring->tail, memory_order_acquire);
-    for (uint32_t i = tail; i != head; i++) {
-        const struct chunk_desc_msg *d = &ring->elems[i & (RING_CAP - 1)];
-        if (d->chunk == (uint32_t)c && d->step == w->step && d->micro == w->micro)
-            return true;
-    }
-    return chunk_grad_consumed(ctl_chunk_state(w->ctl, c), w->step, w->micro);
+    return ctl_grad_out(w->ctl, w->rank, c, w->step, w->micro);
 }
 
 /* Whether the previous incarnation posted every chunk of the micro-batch being redone. */
 static bool all_posted(struct worker *w)
 {
     for (int c = 0; c < w->ctl->num_chunks; c++)
-        if (!already_posted(w, c, ctl_chunk_state(w->ctl, c)->owner))
+        if (!already_posted(w, c))
             return false;
     return true;
+}
+
+/* Whether the previous incarnation already sent this micro-batch's gradient of chunk c. */
+static bool sent_before_restart(struct worker *w, int c)
+{
+    return w->recovering && w->step == w->recover_step && already_posted(w, c);
 }
 
 /* Copies elements [begin, begin+count) of chunk c's gradient (device memory at grad) into the
@@ -506,7 +518,7 @@ static void reduce_scatter_chunk(struct worker *w, int c, float *grad)
     xchg_publish(w, &xchg_of(w, w->rank)->grad_published, key + 1);
     fault_point("worker_grad_published");
 
-    int64_t lo = layout_shard_begin(ch->numel, w->G, w->rank), n = layout_shard_begin(ch->numel, w->G, w->rank + 1) - lo;
+    int64_t lo = layout_shard_begin(ch->numel, w->G, w->rank), n = layout_shard_numel(ch->numel, w->G, w->rank);
     float *sum = w->grad_shard[c];
     if (w->micro_index == 0)
         io_grads_reuse(w, sum); /* last step's send of the sum has read it */
@@ -522,7 +534,7 @@ static void reduce_scatter_chunk(struct worker *w, int c, float *grad)
     }
     w->be.ops->synchronize(&w->be);
     xchg_publish(w, &xchg_of(w, w->rank)->grad_reduced, key + 1);
-    if ((int)w->micro_index == w->A - 1 && !(w->recovering && already_posted(w, c, ctl_chunk_state(h, c)->owner)))
+    if ((int)w->micro_index == w->A - 1 && !sent_before_restart(w, c))
         post_grad(w, c, sum, lo, n);
 }
 
@@ -533,10 +545,8 @@ static void io_grads_done(void *ctx, int c, float *grad)
         reduce_scatter_chunk(w, c, grad);
         return;
     }
-    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
-    if (w->recovering && w->step == w->recover_step && already_posted(w, c, ctl_chunk_state(w->ctl, c)->owner))
-        return;
-    post_grad(w, c, grad, 0, ch->numel);
+    if (!sent_before_restart(w, c))
+        post_grad(w, c, grad, 0, ctl_chunks(w->ctl)[c].numel);
 }
 
 static void finish_rank(struct worker *w, uint32_t s);
@@ -711,15 +721,14 @@ static int train_step(struct worker *w, uint32_t s)
     bool redo_step = one_post || h->exchange;
     if (one_post && first < (uint32_t)w->A)
         first = 0;
+    if (w->recovering)
+        w->recover_step = s;
     if (h->exchange) {
         /* Every rank walks the same exchange sequence, so after a restart all of them redo the step
          * together (the launcher skips a step all of whose gradients were out: ctl_xchg_reset);
          * what already reached the optimizers is recognised and not sent again. */
         first = 0;
-        if (w->recovering)
-            w->recover_step = s;
     } else if (w->recovering) {
-        w->recover_step = s;
         uint32_t recover_micro = one_post ? (uint32_t)w->rank : first * (uint32_t)w->G + (uint32_t)w->rank;
         /* With all its gradients out, the micro-batch is not computed again: its loss is saved, and
          * the step may complete and its chunks be updated while we would read them. */
@@ -850,16 +859,14 @@ static int exchange_setup(struct worker *w)
         if (!w->window[w->rank])
             return sd_err_prefix("exchange window of %zu bytes", bytes);
         atomic_store_explicit(&x->window_generation, w->generation, memory_order_release);
-        atomic_fetch_add(&x->bell, 1);
-        futex_wake_all(&x->bell);
+        xchg_ring(w);
     }
     if (w->gpu_grads) {
         w->grad_shard = calloc((size_t)h->num_chunks, sizeof *w->grad_shard);
         if (!w->grad_shard)
             return sd_err("out of memory");
         for (int c = 0; c < h->num_chunks; c++) {
-            int64_t n = ctl_chunks(h)[c].numel;
-            n = layout_shard_begin(n, w->G, w->rank + 1) - layout_shard_begin(n, w->G, w->rank);
+            int64_t n = layout_shard_numel(ctl_chunks(h)[c].numel, w->G, w->rank);
             w->grad_shard[c] = w->be.ops->alloc(&w->be, (size_t)(n > 0 ? n : 1) * sizeof(float));
             if (!w->grad_shard[c])
                 return sd_err_prefix("gradient shard sums");
