@@ -1,7 +1,7 @@
 # Sourced by the GPU-host scripts (bench/gpu_issue*.sh), from the repo root: builds with the carried
 # .debs (the host lacks libuv, CMocka, inih, cJSON; see gpu_issue4.sh's header for preparing
 # .gpudeps/) and sets PATH, LD_LIBRARY_PATH, SD_BUILD and SD_SOURCE. Sets $build and $out; exits 1
-# when the build fails.
+# when the build fails. Defines random_tokens and qwen3_1_7b_job for the scripts' jobs.
 set -u
 root=$(pwd)
 out=${OUT:-$root/.gpuout}
@@ -42,3 +42,40 @@ export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu:$sysroot/usr/lib/x86_64
 export SD_BUILD=$root/$build SD_SOURCE=$root OPENBLAS_NUM_THREADS=1
 log "built $build ($(grep -c . "$out/build.log") log lines)"
 
+
+# random_tokens FILE N: N random token ids of the Qwen3 vocabulary as an llm.c v7 token file.
+random_tokens() {
+    python3 - "$1" "$2" <<'PY'
+import sys, numpy as np
+path, n = sys.argv[1], int(sys.argv[2])
+h = np.zeros(256, dtype=np.int32); h[:3] = (20240801, 7, n)
+t = np.random.default_rng(0).integers(0, 151936, size=n, dtype=np.uint32)
+open(path, "wb").write(h.tobytes() + t.tobytes())
+PY
+}
+
+# qwen3_1_7b_job DIR STEPS: DIR/job.ini, the Qwen3-1.7B shape from random init on DIR/train.bin
+# (seq 4096, 2 sequences per step, clipping on), every runtime choice left to the planner.
+qwen3_1_7b_job() {
+    cat > "$1/job.ini" <<EOF
+[model]
+path = $root/examples/qwen3-1.7b
+init = random
+[data]
+train = $1/train.bin
+seq_len = 4096
+[train]
+micro_batch = 2
+steps = $2
+lr = 1e-5
+weight_decay = 0.1
+grad_clip = 1.0
+[checkpoint]
+dir = $1/ckpt
+save_final = false
+[runtime]
+device = cuda
+[log]
+dir = $1/log
+EOF
+}

@@ -13,13 +13,7 @@ shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 [ "${shm_free:-0}" -lt 60 ] && mount -o remount,size=100G /dev/shm
 log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 
-python3 - "$w/train.bin" <<'PY'
-import sys, numpy as np
-n = 2_000_000
-h = np.zeros(256, dtype=np.int32); h[:3] = (20240801, 7, n)
-t = np.random.default_rng(0).integers(0, 151936, size=n, dtype=np.uint32)
-open(sys.argv[1], "wb").write(h.tobytes() + t.tobytes())
-PY
+random_tokens "$w/train.bin" 2000000
 cat > "$w/job.ini" <<EOF
 [model]
 path = $root/examples/qwen3-1.7b

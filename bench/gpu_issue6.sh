@@ -59,13 +59,7 @@ log "Qwen3 fixture (tied, 4 steps), --device cuda, --gpus 2 on one GPU vs --gpus
 compare fx_g1 fx_g2_replicated_cpu fx_g2_replicated_gpu fx_g2_sharded_cpu fx_g2_sharded_gpu
 
 # The Qwen3-1.7B shape: bigger chunks through the windows (the embedding chunk is 311M elements).
-python3 - "$w/train.bin" <<'PY'
-import sys, numpy as np
-n = 400_000
-h = np.zeros(256, dtype=np.int32); h[:3] = (20240801, 7, n)
-t = np.random.default_rng(0).integers(0, 151936, size=n, dtype=np.uint32)
-open(sys.argv[1], "wb").write(h.tobytes() + t.tobytes())
-PY
+random_tokens "$w/train.bin" 400000
 cat > "$w/big.ini" <<EOF
 [model]
 path = $root/examples/qwen3-1.7b

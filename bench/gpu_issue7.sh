@@ -9,34 +9,8 @@ w=/tmp/issue7
 rm -rf "$w" && mkdir -p "$w"
 shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 [ "${shm_free:-0}" -lt 60 ] && mount -o remount,size=100G /dev/shm
-python3 - "$w/train.bin" <<'PY'
-import sys, numpy as np
-n = 2_000_000
-h = np.zeros(256, dtype=np.int32); h[:3] = (20240801, 7, n)
-t = np.random.default_rng(0).integers(0, 151936, size=n, dtype=np.uint32)
-open(sys.argv[1], "wb").write(h.tobytes() + t.tobytes())
-PY
-cat > "$w/job.ini" <<EOF
-[model]
-path = $root/examples/qwen3-1.7b
-init = random
-[data]
-train = $w/train.bin
-seq_len = 4096
-[train]
-micro_batch = 2
-steps = 6
-lr = 1e-5
-weight_decay = 0.1
-grad_clip = 1.0
-[checkpoint]
-dir = $w/ckpt
-save_final = false
-[runtime]
-device = cuda
-[log]
-dir = $w/log
-EOF
+random_tokens "$w/train.bin" 2000000
+qwen3_1_7b_job "$w" 6
 deadline=${DEADLINE:-560}
 : > "$out/issue7.results"
 run() { # name, overrides...

@@ -5,34 +5,8 @@
 . bench/gpu_build.sh
 w=/tmp/timeline
 rm -rf "$w" && mkdir -p "$w"
-python3 - "$w/train.bin" <<'PY'
-import sys, numpy as np
-n = 2_000_000
-h = np.zeros(256, dtype=np.int32); h[:3] = (20240801, 7, n)
-t = np.random.default_rng(0).integers(0, 151936, size=n, dtype=np.uint32)
-open(sys.argv[1], "wb").write(h.tobytes() + t.tobytes())
-PY
-cat > "$w/job.ini" <<EOT
-[model]
-path = $root/examples/qwen3-1.7b
-init = random
-[data]
-train = $w/train.bin
-seq_len = 4096
-[train]
-micro_batch = 2
-steps = 10
-lr = 1e-5
-weight_decay = 0.1
-grad_clip = 1.0
-[checkpoint]
-dir = $w/ckpt
-save_final = false
-[runtime]
-device = cuda
-[log]
-dir = $w/log
-EOT
+random_tokens "$w/train.bin" 2000000
+qwen3_1_7b_job "$w" 10
 for cfg in "train.micro_batch=2" "train.micro_batch=2 runtime.optim_procs=4 runtime.optim_threads=4 runtime.chunk_buffers=30"; do
     log "== $cfg"
     rm -rf "$w/log" "$w/ckpt"
