@@ -52,4 +52,14 @@ static inline bool plan_uses_exchange(const struct plan *p, int gpus)
     return gpus > 1 && (p->param_route == PARAMS_SHARDED || p->grad_route == GRADS_GPU);
 }
 
+/* Whether each chunk's gradient (or each rank's shard of it) reaches the host once per step. Then
+ * the workers copy it straight into the accumulator, which lives in the grads region: no slots,
+ * and the optimizer only squares it for the norm instead of copying it. */
+static inline bool plan_grads_direct(const struct plan *p, int gpus, int grad_accum)
+{
+    if (gpus > 1)
+        return p->grad_route == GRADS_GPU;
+    return grad_accum == 1 || p->accumulate_on_device;
+}
+
 #endif

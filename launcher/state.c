@@ -281,6 +281,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->job_hash = st->job_hash;
     h->keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
     h->exchange = plan_uses_exchange(&st->plan, st->job.gpus);
+    h->grads_direct = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum);
     h->window_shm_bytes = st->window_shm_bytes;
     h->ckpt_every = (uint32_t)st->job.ckpt_every;
     h->total_numel = st->lay.total_numel;
@@ -337,8 +338,9 @@ static void map_views(struct job_state *st)
     st->shm.master = st->master_region.base;
     st->shm.exp_avg = st->shm.master + n;
     st->shm.exp_avg_sq = st->shm.master + 2 * n;
-    st->shm.grad_acc = st->shm.master + 3 * n;
     st->shm.grads = st->grads_region.base;
+    st->shm.grad_acc = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum) ? st->shm.grads
+                                                                                       : st->shm.master + 3 * n;
 }
 
 static bool is_our_child(int pid)
@@ -415,7 +417,7 @@ int state_create(struct job_state *st)
     uint64_t window_shm = plan_uses_exchange(&st->plan, job->gpus) && job->device == DEVICE_CPU ? win.total : 0;
     int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
                                st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
-                               keep_prev, window_shm, &sz);
+                               keep_prev, plan_grads_direct(&st->plan, job->gpus, job->grad_accum), window_shm, &sz);
     st->window_shm_bytes = window_shm;
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);

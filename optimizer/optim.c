@@ -171,6 +171,11 @@ static void journal_clear(struct lane *l)
 /* Frees the slot of a consumed descriptor if it still holds that fill, then pops it. */
 static void release_desc(struct optim *o, struct ring *ring, const struct chunk_desc_msg *d)
 {
+    if (d->slot == DESC_SLOT_DIRECT) {
+        fault_point("optim_freed");
+        ring_pop(ring);
+        return;
+    }
     struct slot_state *ss = ctl_slot(o->ctl, d->rank, d->slot);
     uint32_t posted = SLOT_WORD(d->seq, SLOT_POSTED);
     /* release on success: pairs with the worker's acquire load before it refills the slot */
@@ -243,8 +248,9 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     bool last = d->micro + 1 == o->total_micro;
     o->op_desc = d;
     /* a shard's blocks do not line up with the chunk's, whose order the norm's sum follows */
-    o->fuse_sumsq = last && !o->shard_grads;
-    run_lanes(o, reduce_lane);
+    o->fuse_sumsq = last && !o->shard_grads && d->slot != DESC_SLOT_DIRECT;
+    if (d->slot != DESC_SLOT_DIRECT) /* else the worker wrote it into the accumulator */
+        run_lanes(o, reduce_lane);
     atomic_fetch_add_explicit(&o->slot->bytes_in, d->bytes, memory_order_relaxed);
     fault_point("optim_reduced");
     if (last) {
@@ -290,6 +296,18 @@ static void update_lane(struct optim *o, int t)
     }
 }
 
+/* Lane t's part of the copy of the chunk's bf16 weights into params16_prev. */
+static void keep_prev_lane(struct optim *o, int t)
+{
+    const struct chunk_desc *ch = &ctl_chunks(o->ctl)[o->op_chunk];
+    uint32_t nb = blocks_of((uint64_t)ch->numel);
+    size_t begin = (size_t)lane_begin(nb, o->threads, t) * JOURNAL_BLOCK;
+    size_t end = (size_t)lane_begin(nb, o->threads, t + 1) * JOURNAL_BLOCK;
+    end = end < (size_t)ch->numel ? end : (size_t)ch->numel;
+    if (begin < end)
+        memcpy(o->shm.params16_prev + ch->offset + begin, o->shm.params16 + ch->offset + begin, (end - begin) * 2);
+}
+
 /* AdamW on one chunk for step s, resuming where each lane stopped, then publishes version s. */
 static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
 {
@@ -305,7 +323,8 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
         /* A worker redoing this step after a crash may still need version s-1 of this chunk
          * while later chunks are already updated (update during backward): keep a copy. */
         if (h->keep_prev) {
-            memcpy(o->shm.params16_prev + ch->offset, o->shm.params16 + ch->offset, (size_t)ch->numel * 2);
+            o->op_chunk = c;
+            run_lanes(o, keep_prev_lane);
             atomic_store_explicit(&cs->prev_version, s - 1, memory_order_release);
         }
         for (int t = 0; t < o->threads; t++)

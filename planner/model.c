@@ -267,8 +267,11 @@ void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct ho
     /* updating during the backward keeps the previous version of each chunk for a worker that
      * redoes the step after a crash */
     out->params16 = lay->total_numel * 2 * (p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1);
-    out->master = lay->total_numel * 16;
-    out->grads = (int64_t)G * p->grad_slots * lay->max_chunk_numel * 4;
+    out->master = lay->total_numel * 12;
+    /* the fp32 accumulator, and the slots unless gradients go straight into it */
+    out->grads = lay->total_numel * 4;
+    if (!plan_grads_direct(p, G, mc->job->grad_accum))
+        out->grads += (int64_t)G * p->grad_slots * lay->max_chunk_numel * 4;
     out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
                (int64_t)lay->num_chunks * ((int64_t)sizeof(struct chunk_desc) + 256) +
                (int64_t)G * p->optim_procs * (int64_t)sizeof(struct ring) +
@@ -294,6 +297,7 @@ struct centry {
 struct sim {
     const struct model_case *mc;
     bool cpu, tied, during, on_device;
+    bool direct;    /* gradients land in the accumulator: no slots to wait for (plan_grads_direct) */
     bool shard_acc; /* GPU-side gradients: micro-steps reduce-scatter into shard accumulators */
     bool sharded;   /* sharded parameters: each fill is a host-synchronised exchange */
     int nc, hc, G, A, K, S;
@@ -447,7 +451,7 @@ static void grads_done(struct sim *s, int c, int buf, bool last_micro)
         s->host = s->comp = fmax(s->host, s->comp) + s->exchange[c];
     }
     int si = s->next_slot;
-    if (to_host) {
+    if (to_host && !s->direct) {
         s->next_slot = (si + 1) % s->S;
         wait_until(s, s->slot_free[si]);
     }
@@ -466,7 +470,8 @@ static void grads_done(struct sim *s, int c, int buf, bool last_micro)
         double start = s->opt_free[k] >= s->poster ? s->opt_free[k] : s->poster + s->wake;
         s->opt_free[k] = start + s->reduce[c];
     }
-    s->slot_free[si] = s->opt_free[k];
+    if (!s->direct)
+        s->slot_free[si] = s->opt_free[k];
     if (!last_micro)
         return;
     s->reduced_at[c] = s->opt_free[k];
@@ -545,6 +550,7 @@ static double finish_step(struct sim *s)
  * accumulator (read both, write one), AdamW (read master, m, v, grad; write them and bf16), and
  * when updating during the backward, the copy of the previous bf16 version. */
 #define REDUCE_BYTES 12.0
+#define SUMSQ_BYTES 4.0 /* the direct route's reduction only squares the accumulator */
 #define UPDATE_BYTES 30.0
 #define PREV_COPY_BYTES 4.0
 
@@ -601,6 +607,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
         .tied = mc->cfg->tie_word_embeddings,
         .during = p->update_mode == UPDATE_DURING_BACKWARD,
         .on_device = p->accumulate_on_device,
+        .direct = plan_grads_direct(p, G, A),
         .shard_acc = gpu_grads,
         .sharded = sharded,
         .nc = nc,
@@ -653,7 +660,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
             out->p2p_bytes += gpu_grads ? A * gbytes * (G - 1) / G : 0;
         }
         /* with GPU-side reduction each rank's descriptor carries the rank-summed 1/G of the chunk */
-        s.reduce[c] = (double)ch->numel * REDUCE_BYTES / rt.reduce_bw / (gpu_grads ? G : 1);
+        s.reduce[c] = (double)ch->numel * (s.direct ? SUMSQ_BYTES : REDUCE_BYTES) / rt.reduce_bw / (gpu_grads ? G : 1);
         s.update[c] = (double)ch->numel / rt.adamw + (s.during ? (double)ch->numel * PREV_COPY_BYTES / rt.reduce_bw : 0);
         if (ch->kind == CHUNK_EMBED) {
             s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + elem_s(&d, ELEM_EMBED_FWD, sh.N * sh.C);
@@ -718,7 +725,8 @@ void model_step(const struct model_case *mc, struct step_pred *out)
         out->optim_s = fmax(out->optim_s, load[k]);
     free(load);
     double numel = (double)lay->total_numel;
-    out->optim_bytes = G * sends * numel * REDUCE_BYTES / (gpu_grads ? G : 1) + numel * UPDATE_BYTES +
+    out->optim_bytes = G * sends * numel * (s.direct ? SUMSQ_BYTES : REDUCE_BYTES) / (gpu_grads ? G : 1) +
+                       numel * UPDATE_BYTES +
                        (s.during ? numel * PREV_COPY_BYTES : 0);
     out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes) / rt.host_bw;
 

@@ -34,8 +34,8 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
 }
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
-                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, uint64_t window_shm_bytes,
-                      struct ctl_sizes *out)
+                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
+                      uint64_t window_shm_bytes, struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
     if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
@@ -56,8 +56,10 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
     uint64_t grads_elems;
     uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2) * 4;
     ok = ok && mul_ok((uint64_t)total_numel, keep_prev ? 4 : 2, &out->params16_bytes) &&
-         mul_ok((uint64_t)total_numel, 16, &out->master_bytes) && add_ok(&out->master_bytes, staging) &&
-         mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems) &&
+         mul_ok((uint64_t)total_numel, grads_direct ? 12 : 16, &out->master_bytes) &&
+         add_ok(&out->master_bytes, staging) &&
+         (grads_direct ? (grads_elems = (uint64_t)total_numel, true)
+                       : mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems)) &&
          mul_ok(grads_elems, 4, &out->grads_bytes);
     uint64_t windows;
     ok = ok && mul_ok((uint64_t)gpus, window_shm_bytes, &windows) && add_ok(&out->grads_bytes, windows);
@@ -198,14 +200,16 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
         s->master = regs[2].base;
         s->exp_avg = s->master + n;
         s->exp_avg_sq = s->master + 2 * n;
-        s->grad_acc = s->master + 3 * n;
-        s->staging = s->master + 4 * n;
+        s->grad_acc = s->ctl->grads_direct ? NULL : s->master + 3 * n;
+        s->staging = s->master + (s->ctl->grads_direct ? 3 : 4) * n;
     }
     if (what & JOB_MAP_GRADS) {
         ctl_region_name(job_name, "grads", name, sizeof name);
         if (shm_region_attach(&regs[3], name, true) != 0)
             goto fail;
         s->grads = regs[3].base;
+        if (s->ctl->grads_direct)
+            s->grad_acc = s->grads;
     }
     return 0;
 fail:

@@ -16,12 +16,14 @@ enum desc_kind { DESC_GRAD = 1 };
 
 /* A chunk's gradient for one micro-batch (or, with GPU-side gradients, rank r's shard of the
  * chunk's gradient summed over the step), waiting in a host gradient slot. */
+#define DESC_SLOT_DIRECT 0xffffu
+
 struct chunk_desc_msg {
     uint32_t chunk;
     uint32_t step;
     uint32_t micro;      /* global micro-batch index a*G + r within the step */
     uint16_t rank;
-    uint16_t slot;
+    uint16_t slot;       /* DESC_SLOT_DIRECT: the gradient is in the accumulator already */
     uint32_t generation; /* the producer's generation */
     uint32_t seq;        /* fill sequence of the slot (shm/ctl.h slot_state) */
     uint32_t kind;       /* enum desc_kind */

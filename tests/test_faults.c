@@ -33,19 +33,27 @@ struct variant {
     const char *tag;
     const char *runtime;
     bool no_clip;
+    int gpus;       /* 0: two */
+    int grad_accum; /* 0: two */
 };
 
-static const struct variant plain = {"", "", false};
-static const struct variant on_device = {"dev", "accumulate_on_device = true\n", false};
+static const struct variant plain = {"", "", false, 0, 0};
+static const struct variant on_device = {"dev", "accumulate_on_device = true\n", false, 0, 0};
 /* Three buffers for the four chunks of the tiny model (the planner keeps them all resident): each
  * pass evicts chunks and the backward fetches them again, with the updates after the backward, or
  * during it, where a restarted worker reads chunks already updated from the params16 "prev" copy. */
-static const struct variant evicting = {"cb3", "chunk_buffers = 3\n", false};
+static const struct variant evicting = {"cb3", "chunk_buffers = 3\n", false, 0, 0};
 static const struct variant evicting_during = {"cb3-during", "chunk_buffers = 3\nupdate_mode = during_backward\n",
-                                               true};
+                                               true, 0, 0};
 /* Sharded parameters and GPU-side gradients (shared memory standing in for peer copies): a dead
  * worker takes the others down with it and all restart together. */
-static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false};
+static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false, 0, 0};
+/* One worker summing its four micro-steps on the device (the plain job's tokens per step): each
+ * chunk's gradient reaches the host once per step and goes straight into the accumulator (no
+ * slots), after the backward or during it. */
+static const struct variant solo = {"solo", "accumulate_on_device = true\n", false, 1, 4};
+static const struct variant solo_during = {"solo-during", "accumulate_on_device = true\nupdate_mode = during_backward\n",
+                                           true, 1, 4};
 
 /* A job in its own folder (log, checkpoints) sharing the generated data. */
 static void write_job_as(const struct variant *v, const char *name, int steps, const char *extra)
@@ -54,12 +62,12 @@ static void write_job_as(const struct variant *v, const char *name, int steps, c
     snprintf(text, sizeof text,
              "[model]\npath = %s\ninit = random\n"
              "[data]\ntrain = ../data/train.bin\nseq_len = 64\n"
-             "[train]\nmicro_batch = 4\ngrad_accum = 2\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
+             "[train]\nmicro_batch = 4\ngrad_accum = %d\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
              "grad_clip = %s\nseed = 7\n"
              "[checkpoint]\ndir = ckpt\nexport_dtype = fp32\n%s\n"
-             "[runtime]\ndevice = cpu\ngpus = 2\noptim_threads = 3\n%s"
+             "[runtime]\ndevice = cpu\ngpus = %d\noptim_threads = 3\n%s"
              "[log]\ndir = log\nevery = 1000\n",
-             tu_src("examples/tiny-qwen3"), steps, v->no_clip ? "0" : "1.0", extra, v->runtime);
+             tu_src("examples/tiny-qwen3"), v->grad_accum ? v->grad_accum : 2, steps, v->no_clip ? "0" : "1.0", extra, v->gpus ? v->gpus : 2, v->runtime);
     snprintf(p, sizeof p, "%s/%s", dir, name);
     tu_rmrf(p);
     char cmd[1400];
@@ -397,6 +405,29 @@ static void test_crash_points(void **state)
     crash_points(&plain, points, sizeof points / sizeof points[0], &point_rng);
 }
 
+/* Gradients straight into the accumulator: random worker and optimizer kills, and crash points. */
+static void test_direct_gradients(void **state)
+{
+    const char *env = getenv("SLIDEDP_TEST_POINT_SEED");
+    uint64_t point_rng = tu_seed("direct crash points", env ? strtoull(env, NULL, 10) : 17);
+    /* per process in the 12-step job: 12 x 4 chunk gradients from the worker, 12 x 2 chunk
+     * reductions and updates per optimizer */
+    static const struct crash_point points[] = {
+        {"worker_direct_sending", 48}, {"worker_pushed", 48}, {"optim_reduced", 24},
+        {"optim_freed", 24},           {"optim_update_journaled", 24}, {"optim_updated", 24},
+        {"worker_pushed", -48}, /* the step commits while the worker is dead */
+    };
+    const struct variant *variants[] = {&solo, &solo_during};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        run_references(variants[i], true);
+        if (variants[i] == &solo) /* the same micro-batches, summed in the same order as the plain job's */
+            assert_same_weights("ref-solo", "ref");
+        random_kills(variants[i], PROC_WORKER);
+        random_kills(variants[i], PROC_OPTIM);
+        crash_points(variants[i], points, sizeof points / sizeof points[0], &point_rng);
+    }
+}
+
 /* Chunks evicted and fetched again within a step, with updates after and during the backward:
  * random worker and optimizer kills, and crash points. */
 static void test_evicting_chunks(void **state)
@@ -667,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_reference),
         cmocka_unit_test(test_random_worker_kills),
         cmocka_unit_test(test_worker_kills_accumulating_on_device),
+        cmocka_unit_test(test_direct_gradients),
         cmocka_unit_test(test_random_optimizer_kills),
         cmocka_unit_test(test_kills_exchanging),
         cmocka_unit_test(test_crash_points),

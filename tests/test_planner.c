@@ -174,12 +174,13 @@ static void test_bytes_per_pass(void **state)
     assert_true(fabs(pred.optim_bytes - (5 * 12.0 + 30.0) * lay.total_numel) < 1);
     layout_free(&lay);
 
-    /* micro-steps summed on the device: one gradient per chunk and step goes out and is added */
+    /* micro-steps summed on the device: one gradient per chunk and step goes out, straight into
+     * the accumulator, which the optimizers only square (4 bytes) before the update */
     p.accumulate_on_device = 1;
     price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
     assert_true(fabs(pred.h2d_bytes - lay.total_numel * 2.0) < 1);
     assert_true(fabs(pred.d2h_bytes - lay.total_numel * 4.0) < 1);
-    assert_true(fabs(pred.optim_bytes - (12.0 + 30.0) * lay.total_numel) < 1);
+    assert_true(fabs(pred.optim_bytes - (4.0 + 30.0) * lay.total_numel) < 1);
     layout_free(&lay);
 
     /* GPU-side gradients on 2 ranks: every micro-step reduce-scatters half of each gradient over
@@ -193,7 +194,8 @@ static void test_bytes_per_pass(void **state)
     assert_true(fabs(pred.h2d_bytes - total * 2.0) < 1);
     assert_true(fabs(pred.d2h_bytes - total * 4.0 / 2) < 1);
     assert_true(fabs(pred.p2p_bytes - 5 * total * 4.0 / 2) < 1);
-    assert_true(fabs(pred.optim_bytes - (12.0 + 30.0) * total) < 1);
+    /* each rank's shard lands in the accumulator, which the optimizer only squares */
+    assert_true(fabs(pred.optim_bytes - (4.0 + 30.0) * total) < 1);
     layout_free(&lay);
     /* sharded parameters too: half of each chunk from the host, the other half from the peer */
     p.param_route = PARAMS_SHARDED;
@@ -235,12 +237,12 @@ static void test_memory_footprint(void **state)
     assert_int_equal(gm.workspace, (16 + 2 * 8 * 16) * 8);
     assert_int_equal(gm.total, gm.chunk_bufs + gm.grad_bufs + gm.layer_inputs + gm.kept_acts + gm.bwd_scratch +
                                    gm.logits + gm.misc + gm.workspace);
-    /* host: bf16 copy, master/m/v/accumulator, 2 ranks x 4 slots x the largest chunk, and (CPU
-     * backend) both workers' memory */
+    /* host: bf16 copy, master/m/v, the accumulator and 2 ranks x 4 slots x the largest chunk, and
+     * (CPU backend) both workers' memory */
     int64_t total = 2048 + 2 * 51200 + 2048;
     assert_int_equal(hm.params16, total * 2);
-    assert_int_equal(hm.master, total * 16);
-    assert_int_equal(hm.grads, 2 * 4 * 51200 * 4);
+    assert_int_equal(hm.master, total * 12);
+    assert_int_equal(hm.grads, total * 4 + 2 * 4 * 51200 * 4);
     assert_int_equal(hm.workers, 2 * gm.total);
     assert_true(hm.ctl > 0 && hm.ctl < 4 << 20);
     layout_free(&lay);
@@ -260,6 +262,17 @@ static void test_memory_footprint(void **state)
     assert_int_equal(gm.grad_bufs, (2048 + 2 * 51200) * 4 + (51200 + 51200 + 2048) * 4);
     assert_int_equal(gm.peer_bufs, 0);
     layout_free(&lay);
+    /* one rank summing on the device: gradients go straight into the accumulator, no slots (18
+     * bytes per parameter with params16's single copy) */
+    job.gpus = 1;
+    p.update_mode = UPDATE_AFTER_BACKWARD;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(hm.params16, total * 2);
+    assert_int_equal(hm.master, total * 12);
+    assert_int_equal(hm.grads, total * 4);
+    layout_free(&lay);
+    job.gpus = 2;
+    p.update_mode = UPDATE_DURING_BACKWARD;
     /* the peer routes on 2 ranks (shm/ctl.h window_layout): 2 exchange slots of half the largest
      * chunk in bf16 (sharded params); 2 exchange slots of the largest chunk in fp32 and a shard sum
      * per chunk of at most half the chunk + 64 elements (GPU-side gradients, which replace the

@@ -38,6 +38,7 @@ struct post {
     int slot;
     uint32_t seq, step, micro;
     int64_t elem_begin, elem_count; /* the elements of the chunk the slot holds */
+    bool direct;        /* copied into the accumulator, not a slot (grads_direct) */
     uint32_t posted;    /* mark: micro-steps of `step` whose gradients are now all posted */
     bool step_done;     /* mark: the rank's part of `step` is complete */
 };
@@ -466,12 +467,31 @@ static bool sent_before_restart(struct worker *w, int c)
 }
 
 /* Copies elements [begin, begin+count) of chunk c's gradient (device memory at grad) into the
- * next free host slot and queues its descriptor for the poster thread. */
+ * next free host slot, or straight into the accumulator (grads_direct), and queues its descriptor
+ * for the poster thread. */
 static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count)
 {
     struct ctl_header *h = w->ctl;
     int si = w->next_grad_slot;
     w->next_grad_slot = (w->next_grad_slot + 1) % h->grad_slots;
+    struct post post = {.chunk = c,
+                        .slot = si,
+                        .step = w->step,
+                        .micro = w->micro,
+                        .elem_begin = begin,
+                        .elem_count = count};
+    if (h->grads_direct) {
+        /* Nobody reads this part of the accumulator until the descriptor is out, and its previous
+         * step's update finished before this step could read the chunk. The slot index only names
+         * the copy's completion event. */
+        float *host = w->shm.grad_acc + ctl_chunks(h)[c].offset + begin;
+        fault_point("worker_direct_sending");
+        w->be.ops->send_grads_async(&w->be, si, host, grad, (size_t)count);
+        remember_grad_buf(w, grad, si);
+        post.direct = true;
+        post_enqueue(w, post);
+        return;
+    }
     struct slot_state *ss = ctl_slot(h, w->rank, si);
     uint64_t t0 = clock_ns();
     uint32_t word;
@@ -487,19 +507,13 @@ static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
     set_phase(w, PHASE_BACKWARD); /* gradients are only posted during the backward */
 
-    uint32_t seq = (SLOT_SEQ(word) + 1) & 0x3fffffffu;
-    atomic_store_explicit(&ss->state, SLOT_WORD(seq, SLOT_WRITING), memory_order_relaxed);
+    post.seq = (SLOT_SEQ(word) + 1) & 0x3fffffffu;
+    atomic_store_explicit(&ss->state, SLOT_WORD(post.seq, SLOT_WRITING), memory_order_relaxed);
     fault_point("worker_slot_writing");
     float *host = job_grad_slot(&w->shm, w->rank, si);
     w->be.ops->send_grads_async(&w->be, si, host, grad, (size_t)count);
     remember_grad_buf(w, grad, si);
-    post_enqueue(w, (struct post){.chunk = c,
-                                  .slot = si,
-                                  .seq = seq,
-                                  .step = w->step,
-                                  .micro = w->micro,
-                                  .elem_begin = begin,
-                                  .elem_count = count});
+    post_enqueue(w, post);
 }
 
 /* GPU-side gradients: puts this micro-step's gradient of chunk c in our window, adds our shard of
@@ -564,16 +578,18 @@ static void post_one(struct worker *w, const struct post *p)
     }
     int owner = ctl_chunk_state(h, p->chunk)->owner;
     w->be.ops->wait_grads_host(&w->be, p->slot);
-    fault_point("worker_slot_written");
-    struct slot_state *ss = ctl_slot(h, w->rank, p->slot);
-    atomic_store_explicit(&ss->state, SLOT_WORD(p->seq, SLOT_POSTED), memory_order_release);
-    fault_point("worker_slot_posted");
+    if (!p->direct) {
+        fault_point("worker_slot_written");
+        struct slot_state *ss = ctl_slot(h, w->rank, p->slot);
+        atomic_store_explicit(&ss->state, SLOT_WORD(p->seq, SLOT_POSTED), memory_order_release);
+        fault_point("worker_slot_posted");
+    }
     struct chunk_desc_msg msg = {
         .chunk = (uint32_t)p->chunk,
         .step = p->step,
         .micro = p->micro,
         .rank = (uint16_t)w->rank,
-        .slot = (uint16_t)p->slot,
+        .slot = p->direct ? DESC_SLOT_DIRECT : (uint16_t)p->slot,
         .generation = w->generation,
         .seq = p->seq,
         .kind = DESC_GRAD,
@@ -581,9 +597,15 @@ static void post_one(struct worker *w, const struct post *p)
         .elem_count = (uint64_t)p->elem_count,
         .bytes = (uint64_t)p->elem_count * 4,
     };
-    /* The ring has more entries than this rank has slots, so it cannot be full. */
-    bool pushed = ring_push(ctl_ring(h, w->rank, owner), &msg);
-    SD_ASSERT(pushed);
+    /* The ring has more entries than this rank has slots, so it cannot be full; without slots it
+     * holds at most a step's chunks (the next step's need this one's updates), so it fills only
+     * on models of more chunks than RING_CAP: then wait for the optimizer to pop. */
+    while (!ring_push(ctl_ring(h, w->rank, owner), &msg)) {
+        SD_ASSERT(p->direct);
+        set_phase(w, PHASE_WAIT_SLOT);
+        usleep(200);
+        bail_if_stopped(w);
+    }
     fault_point("worker_pushed");
     struct doorbell *db = ctl_doorbell(h, owner);
     atomic_fetch_add_explicit(&db->seq, 1, memory_order_release);
