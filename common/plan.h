@@ -38,7 +38,8 @@ struct plan {
      * (launcher/state.c job_hash), these do not */
     double predicted_step_s;
     double predicted_compute_s, predicted_h2d_s, predicted_d2h_s, predicted_optim_s;
-    int64_t gpu_bytes;      /* per GPU */
+    int64_t gpu_bytes;      /* per GPU, the CUDA context included */
+    int64_t gpu_context_bytes; /* of which the context's own (the worker's allocations get the rest) */
     int64_t host_bytes;     /* shared state + staging */
     double predicted_recompute_s, predicted_p2p_s, predicted_host_mem_s;
     double predicted_exposed_s; /* beyond the bottleneck stream: fill, drain, waits */

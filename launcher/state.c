@@ -42,6 +42,7 @@ struct init_ctx {
     const struct job_state *st;
     float *master;
     uint16_t *params16;
+    uint16_t *params16_odd; /* the odd versions' copy (keep_prev), or NULL */
     bool random;
     int64_t num_items;
     int64_t *item_tensor, *item_block;
@@ -75,6 +76,8 @@ static void init_block(struct init_ctx *ctx, int t, int64_t block)
     uint16_t *q = ctx->params16 + td->offset;
     for (int64_t i = begin; i < end; i++)
         q[i] = f32_to_bf16(p[i]);
+    if (ctx->params16_odd) /* whichever parity the first version has, both copies start equal */
+        memcpy(ctx->params16_odd + td->offset + begin, q + begin, (size_t)(end - begin) * sizeof *q);
 }
 
 static void *init_thread(void *arg)
@@ -92,6 +95,8 @@ static void *init_thread(void *arg)
 static int init_weights(struct job_state *st, bool random)
 {
     struct init_ctx ctx = {.st = st, .master = st->shm.master, .params16 = st->shm.params16, .random = random};
+    if (st->plan.update_mode == UPDATE_DURING_BACKWARD)
+        ctx.params16_odd = st->shm.params16 + st->lay.total_numel;
     int64_t n = 0;
     for (int t = 0; t < st->lay.num_tensors; t++)
         n += (st->lay.tensors[t].numel + INIT_BLOCK - 1) / INIT_BLOCK;
@@ -323,7 +328,6 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     for (int c = 0; c < st->lay.num_chunks; c++) {
         atomic_store(&ctl_chunk_state(h, c)->version, st->resumed_step);
         atomic_store(&ctl_chunk_state(h, c)->reduced_step, st->resumed_step);
-        atomic_store(&ctl_chunk_state(h, c)->prev_version, UINT32_MAX);
     }
     atomic_store(&h->metrics_step, st->resumed_step);
     atomic_store(&h->ckpt_done_step, st->resumed_step);

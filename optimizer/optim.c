@@ -78,6 +78,11 @@ struct optim {
      * were written by a predecessor that crashed, and are squared from the accumulator). */
     bool fuse_sumsq;
     uint32_t fused_from[CTL_MAX_OPTIM_THREADS];
+    /* Gradients straight in the accumulator, updated during the backward, no clipping: the norm
+     * (only reported) is squared by the update as it reads each block, per update item, and
+     * recorded with the chunk's new version; the reduction does nothing. */
+    bool norm_in_update;
+    double *item_sumsq; /* per update item of the chunk */
 };
 
 static void set_phase(struct optim *o, int phase)
@@ -141,7 +146,7 @@ static void journal_apply(struct optim *o, struct lane *l)
         memcpy(o->shm.master + off, l->stage_p, n * sizeof(float));
         memcpy(o->shm.exp_avg + off, l->stage_m, n * sizeof(float));
         memcpy(o->shm.exp_avg_sq + off, l->stage_v, n * sizeof(float));
-        memcpy(o->shm.params16 + off, l->stage_p16, n * sizeof(uint16_t));
+        memcpy(job_params16_of(&o->shm, j->step) + off, l->stage_p16, n * sizeof(uint16_t));
     }
 }
 
@@ -253,13 +258,15 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
         run_lanes(o, reduce_lane);
     atomic_fetch_add_explicit(&o->slot->bytes_in, d->bytes, memory_order_relaxed);
     fault_point("optim_reduced");
-    if (last) {
+    if (last && !o->norm_in_update) {
         o->op_chunk = (int)d->chunk;
         run_lanes(o, sumsq_lane);
         double total = 0;
         for (uint32_t b = 0; b < blocks_of((uint64_t)ch->numel); b++)
             total += o->block_sumsq[b];
         cs->sumsq[d->step & 1] = total;
+    }
+    if (last) {
         /* release: the sumsq above is visible to whoever sees reduced_step reach the step */
         atomic_store_explicit(&cs->reduced_step, d->step, memory_order_release);
     } else {
@@ -284,28 +291,22 @@ static void update_lane(struct optim *o, int t)
     struct adamw_step st = o->op_step;
     float wd = st.weight_decay;
     uint32_t ni = o->num_items[c], end = lane_begin(ni, o->threads, t + 1);
-    for (uint32_t b = atomic_load_explicit(&cs->upd_done[t], memory_order_acquire); b < end; b++) {
+    uint32_t b = atomic_load_explicit(&cs->upd_done[t], memory_order_acquire);
+    /* items a crashed predecessor updated: their gradient is still in the accumulator */
+    for (uint32_t i = lane_begin(ni, o->threads, t); o->norm_in_update && i < b; i++)
+        o->item_sumsq[i] = sumsq_f32(o->shm.grad_acc + o->items[c][i].offset, o->items[c][i].n);
+    for (; b < end; b++) {
         const struct update_item *it = &o->items[c][b];
         size_t off = it->offset, n = it->n;
         st.weight_decay = it->decay ? wd : 0.0f;
+        if (o->norm_in_update) /* the block is in cache for the update that follows */
+            o->item_sumsq[b] = sumsq_f32(o->shm.grad_acc + off, n);
         adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off,
                         o->shm.grad_acc + off, l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
         journal_commit(o, l, JOURNAL_UPDATE, (uint32_t)c, (uint32_t)st.step, 0, b, off, n);
         atomic_store_explicit(&cs->upd_done[t], b + 1, memory_order_release);
         journal_clear(l);
     }
-}
-
-/* Lane t's part of the copy of the chunk's bf16 weights into params16_prev. */
-static void keep_prev_lane(struct optim *o, int t)
-{
-    const struct chunk_desc *ch = &ctl_chunks(o->ctl)[o->op_chunk];
-    uint32_t nb = blocks_of((uint64_t)ch->numel);
-    size_t begin = (size_t)lane_begin(nb, o->threads, t) * JOURNAL_BLOCK;
-    size_t end = (size_t)lane_begin(nb, o->threads, t + 1) * JOURNAL_BLOCK;
-    end = end < (size_t)ch->numel ? end : (size_t)ch->numel;
-    if (begin < end)
-        memcpy(o->shm.params16_prev + ch->offset + begin, o->shm.params16 + ch->offset + begin, (end - begin) * 2);
 }
 
 /* AdamW on one chunk for step s, resuming where each lane stopped, then publishes version s. */
@@ -320,13 +321,6 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
     uint64_t t0 = clock_ns();
     set_phase(o, PHASE_UPDATE);
     if (atomic_load_explicit(&cs->upd_step, memory_order_acquire) != s) {
-        /* A worker redoing this step after a crash may still need version s-1 of this chunk
-         * while later chunks are already updated (update during backward): keep a copy. */
-        if (h->keep_prev) {
-            o->op_chunk = c;
-            run_lanes(o, keep_prev_lane);
-            atomic_store_explicit(&cs->prev_version, s - 1, memory_order_release);
-        }
         for (int t = 0; t < o->threads; t++)
             atomic_store_explicit(&cs->upd_done[t], lane_begin(o->num_items[c], o->threads, t),
                                   memory_order_release);
@@ -343,10 +337,21 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
         .step = (int)s,
     };
     run_lanes(o, update_lane);
+    if (o->norm_in_update) {
+        double total = 0;
+        for (uint32_t i = 0; i < o->num_items[c]; i++)
+            total += o->item_sumsq[i];
+        cs->sumsq[s & 1] = total;
+    }
     fault_point("optim_updated");
-    /* release: pairs with the workers' acquire load of version before they read params16 */
+    /* release: pairs with the workers' acquire load of version before they read params16, and
+     * (norm_in_update) with global_norm's before it reads the sumsq */
     atomic_store_explicit(&cs->version, s, memory_order_release);
     futex_wake_all(&cs->version);
+    if (o->norm_in_update) {
+        atomic_fetch_add_explicit(&h->reduce_seq, 1, memory_order_release);
+        futex_wake_all(&h->reduce_seq);
+    }
     atomic_fetch_add_explicit(&o->slot->bytes_out, (uint64_t)ch->numel * 2, memory_order_relaxed);
     atomic_fetch_add_explicit(&o->slot->items, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
@@ -423,8 +428,11 @@ static double global_norm(struct optim *o, uint32_t s)
     for (;;) {
         uint32_t seen = atomic_load_explicit(&h->reduce_seq, memory_order_acquire);
         bool all = true;
-        for (int c = 0; c < h->num_chunks && all; c++)
-            all = atomic_load_explicit(&ctl_chunk_state(h, c)->reduced_step, memory_order_acquire) >= s;
+        for (int c = 0; c < h->num_chunks && all; c++) {
+            struct chunk_state *cs = ctl_chunk_state(h, c);
+            all = o->norm_in_update ? atomic_load_explicit(&cs->version, memory_order_acquire) >= s
+                                    : atomic_load_explicit(&cs->reduced_step, memory_order_acquire) >= s;
+        }
         if (all)
             break;
         if (atomic_load(&h->abandoned_step) == s)
@@ -553,6 +561,7 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     /* one gradient per rank and micro-step, or per rank when micro-steps sum on the device */
     o->shard_grads = h->plan.grad_route == GRADS_GPU && h->gpus > 1;
     o->total_micro = (uint32_t)(h->gpus * (h->plan.accumulate_on_device || o->shard_grads ? 1 : h->job.grad_accum));
+    o->norm_in_update = h->grads_direct && h->plan.update_mode == UPDATE_DURING_BACKWARD && !(h->job.grad_clip > 0);
     o->isa = adamw_isa_detect();
     snprintf(o->slot->device_name, sizeof o->slot->device_name, "cpu %s x%d", adamw_isa_name(o->isa), o->threads);
     o->chunks = malloc(sizeof(int) * (size_t)h->num_chunks);
@@ -563,6 +572,12 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
             o->chunks[o->num_chunks++] = c;
     if (build_items(o) != 0)
         return -1;
+    uint32_t most = 1;
+    for (int i = 0; i < o->num_chunks; i++)
+        most = o->num_items[o->chunks[i]] > most ? o->num_items[o->chunks[i]] : most;
+    o->item_sumsq = malloc(sizeof(double) * most);
+    if (!o->item_sumsq)
+        return sd_err("out of memory");
     recover_journals(o);
     return start_lanes(o);
 }

@@ -37,6 +37,7 @@ const struct calib_gpu_field calib_gpu_fields[] = {
     GPU_FIELD(mem_bw, 3.0e12, "B/s"),
     GPU_FIELD(launch_s, 5e-6, "s"),
     GPU_FIELD(mem_bytes, 80.0 * (1ull << 30), "B"),
+    GPU_FIELD(context_bytes, 768.0 * (1ull << 20), "B"),
 };
 const int calib_gpu_num_fields = (int)(sizeof calib_gpu_fields / sizeof calib_gpu_fields[0]);
 

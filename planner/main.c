@@ -139,6 +139,8 @@ static void print_text(const struct report *r)
     printf("  logits chunk     %10s  (%d rows)\n", sz(g->logits), r->plan->logits_rows);
     printf("  tokens, tables   %10s\n", sz(g->misc));
     printf("  workspace        %10s%s\n", sz(g->workspace), cpu ? "" : "  (assumed)");
+    if (g->context)
+        printf("  CUDA context     %10s  (calibration)\n", sz(g->context));
     if (g->peer_bufs)
         printf("  peer routes      %10s  (exchange slots%s)\n", sz(g->peer_bufs),
                r->plan->grad_route == GRADS_GPU ? " and gradient shard accumulators" : "");
@@ -301,6 +303,7 @@ static void print_json(const struct report *r)
     cJSON_AddNumberToObject(g, "logits", (double)in->gpu.logits);
     cJSON_AddNumberToObject(g, "misc", (double)in->gpu.misc);
     cJSON_AddNumberToObject(g, "workspace", (double)in->gpu.workspace);
+    cJSON_AddNumberToObject(g, "context", (double)in->gpu.context);
     cJSON_AddNumberToObject(g, "peer_buffers", (double)in->gpu.peer_bufs);
 
     cJSON_AddItemToObject(o, "topology", topology_json(r));

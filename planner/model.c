@@ -254,8 +254,10 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
         for (int c = 0; c < mc->lay->num_chunks && gpu_grads; c++) /* a shard is at most n/G + 64 */
             out->peer_bufs += al(((mc->lay->chunks[c].numel + G - 1) / G + 64) * 4, a);
     }
+    /* runtime.gpu_mem bounds the whole process, so the context counts against it */
+    out->context = cpu ? 0 : (int64_t)mc->cal->gpu.context_bytes;
     out->total = out->chunk_bufs + out->grad_bufs + out->layer_inputs + out->kept_acts + out->bwd_scratch +
-                 out->logits + out->misc + out->workspace + out->peer_bufs;
+                 out->logits + out->misc + out->workspace + out->peer_bufs + out->context;
 }
 
 void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
@@ -547,12 +549,10 @@ static double finish_step(struct sim *s)
 }
 
 /* Bytes of host memory an optimizer touches: adding one rank's fp32 gradient into the
- * accumulator (read both, write one), AdamW (read master, m, v, grad; write them and bf16), and
- * when updating during the backward, the copy of the previous bf16 version. */
+ * accumulator (read both, write one), and AdamW (read master, m, v, grad; write them and bf16). */
 #define REDUCE_BYTES 12.0
 #define SUMSQ_BYTES 4.0 /* the direct route's reduction only squares the accumulator */
 #define UPDATE_BYTES 30.0
-#define PREV_COPY_BYTES 4.0
 
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
 struct rates {
@@ -661,7 +661,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
         }
         /* with GPU-side reduction each rank's descriptor carries the rank-summed 1/G of the chunk */
         s.reduce[c] = (double)ch->numel * (s.direct ? SUMSQ_BYTES : REDUCE_BYTES) / rt.reduce_bw / (gpu_grads ? G : 1);
-        s.update[c] = (double)ch->numel / rt.adamw + (s.during ? (double)ch->numel * PREV_COPY_BYTES / rt.reduce_bw : 0);
+        s.update[c] = (double)ch->numel / rt.adamw;
         if (ch->kind == CHUNK_EMBED) {
             s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + elem_s(&d, ELEM_EMBED_FWD, sh.N * sh.C);
             s.bwd[c] = elem_s(&d, ELEM_EMBED_BWD, sh.N * sh.C);
@@ -726,8 +726,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     free(load);
     double numel = (double)lay->total_numel;
     out->optim_bytes = G * sends * numel * (s.direct ? SUMSQ_BYTES : REDUCE_BYTES) / (gpu_grads ? G : 1) +
-                       numel * UPDATE_BYTES +
-                       (s.during ? numel * PREV_COPY_BYTES : 0);
+                       numel * UPDATE_BYTES;
     out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes) / rt.host_bw;
 
     double terms[] = {[BOTTLENECK_COMPUTE] = out->compute_s, [BOTTLENECK_H2D] = out->h2d_s,

@@ -58,6 +58,7 @@ struct gpu_mem_pred {
     int64_t logits;        /* one cross-entropy chunk (logits_rows x V) */
     int64_t misc;          /* tokens, targets, row scales, RoPE tables */
     int64_t workspace;     /* backend workspace (assumed on CUDA) */
+    int64_t context;       /* the CUDA context and libraries' own memory (calibration), 0 on the CPU */
     int64_t peer_bufs;     /* the peer routes: 4 exchange slots of a weight shard (sharded params);
                             * fp32 shard accumulators of 1/G of the parameters and 4 exchange slots
                             * of the largest chunk (GPU-side gradients) */

@@ -599,6 +599,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     plan->predicted_exposed_s = S.best_pred.exposed_s;
     plan->bottleneck = S.best_pred.bottleneck;
     plan->gpu_bytes = S.best_gpu.total;
+    plan->gpu_context_bytes = S.best_gpu.context;
     plan->host_bytes = S.best_host.total;
     /* 0 on the CPU backend with gpu_mem = auto: bounded by host memory (MemAvailable varies, and a
      * relaunch must find the same plan to adopt a dead launcher's state) */

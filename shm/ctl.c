@@ -190,7 +190,6 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
         if (shm_region_attach(&regs[1], name, (what & JOB_MAP_PARAMS_RW) != 0) != 0)
             goto fail;
         s->params16 = regs[1].base;
-        s->params16_prev = s->ctl->keep_prev ? s->params16 + s->ctl->total_numel : NULL;
     }
     if (what & JOB_MAP_MASTER) {
         ctl_region_name(job_name, "master", name, sizeof name);

@@ -93,7 +93,6 @@ struct chunk_state {
     alignas(64) _Atomic uint32_t version; /* updates applied to this chunk of params16 (= its step) */
     _Atomic uint32_t reduced_step;        /* last step whose gradient is fully accumulated */
     int32_t owner;                        /* optimizer process index */
-    _Atomic uint32_t prev_version;        /* version kept in the params16 "prev" copy (update during backward) */
     _Atomic uint64_t next_micro;          /* (step << 32) | next micro-batch of that step to add */
     double sumsq[2];                      /* squared L2 norm of the reduced gradient, by step parity */
     /* Progress inside the operation an optimizer is applying, so a restarted one resumes it
@@ -220,7 +219,8 @@ struct ctl_header {
     int32_t first_step;             /* first step this run executes (1, or after a resume) */
     int64_t total_numel, max_chunk_numel, num_params;
     uint64_t params16_bytes, master_bytes, grads_bytes;
-    bool keep_prev;                 /* params16 holds a second "prev" copy (update during backward) */
+    bool keep_prev;                 /* params16 holds two copies, versions alternating by parity (update
+                                     * during backward: version v-1 stays readable while v is written) */
     bool exchange;                  /* workers exchange shards through each other's device memory */
     bool grads_direct;              /* the accumulator heads the grads region; no slots (plan_grads_direct) */
     uint64_t window_shm_bytes;      /* per rank: its window in the grads region (CPU backend); 0 on GPUs */
@@ -248,7 +248,7 @@ struct ctl_sizes {
         off_journals, off_xchg;
     uint64_t ctl_bytes, params16_bytes, master_bytes, grads_bytes;
 };
-/* keep_prev: params16 gets a second copy for updates during the backward. grads_direct: the
+/* keep_prev: params16 gets a second copy (versions by parity) for updates during the backward. grads_direct: the
  * gradient accumulator moves from the master region to the head of the grads region, in place of
  * the slots. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
  * 0 for none. */
@@ -352,8 +352,7 @@ static inline uint32_t ctl_committed_step(struct ctl_header *h)
 /* The parts of a job's state a process maps. */
 struct job_shm {
     struct ctl_header *ctl;
-    uint16_t *params16;
-    uint16_t *params16_prev;                         /* NULL unless keep_prev */
+    uint16_t *params16;                              /* both copies with keep_prev: see job_params16_of */
     float *master, *exp_avg, *exp_avg_sq, *grad_acc; /* each total_numel; grad_acc in grads if grads_direct */
     float *staging;                                  /* per optimizer thread: JOURNAL_BLOCK x (3 fp32 + 1 bf16) */
     float *grads;                                    /* the accumulator or gpus * grad_slots * max_chunk_numel */
@@ -364,6 +363,14 @@ enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MA
 /* Attaches a running job's objects; ctl writable unless ctl_read_only (monitors). */
 int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only);
 void job_shm_detach(struct job_shm *s);
+
+/* Where version v of the bf16 weights is: with keep_prev the versions alternate between two copies
+ * by parity, so a worker redoing step v+1 still reads version v while the optimizers write v+1 (and
+ * nothing needs v-1 by then: step v is complete); otherwise the one copy is updated in place. */
+static inline uint16_t *job_params16_of(const struct job_shm *s, uint32_t v)
+{
+    return s->params16 + (s->ctl->keep_prev && (v & 1) ? (size_t)s->ctl->total_numel : 0);
+}
 
 /* The staging block of thread t of optimizer k in the master region: p, m, v (fp32), then p16. */
 static inline float *job_staging(struct job_shm *s, int optim, int thread)

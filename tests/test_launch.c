@@ -285,6 +285,63 @@ static void test_on_device_accumulation_many_chunks(void **state)
     layout_free(&lay_dev);
 }
 
+/* One worker, no clipping: the tiny job's final weights and each step's grad_norm from metrics.jsonl
+ * (the metrics' precision) with the update after or during the backward. */
+static float *train_unclipped(const char *mode, double *norms, int steps, struct layout *lay)
+{
+    char p[1300], *out = NULL;
+    int rc = tu_sh(&out,
+                   "%s %s/job.ini runtime.gpus=1 train.grad_accum=1 train.grad_clip=0 train.steps=%d train.warmup=2 "
+                   "runtime.update_mode=%s data.val= log.every=1 log.dir=%s/unclipped/%s "
+                   "checkpoint.dir=%s/unclipped/%s/ckpt checkpoint.export_dtype=fp32 2>&1",
+                   tu_bin("slidedp-launch"), dir, steps, mode, dir, mode, dir, mode);
+    if (rc != 0)
+        fail_msg("slidedp-launch exited %d:\n%s", rc, out);
+    free(out);
+    snprintf(p, sizeof p, "%s/unclipped/%s/metrics.jsonl", dir, mode);
+    char *text = tu_read_file(p, NULL);
+    int found = 0;
+    for (const char *q = strstr(text, "\"grad_norm\":"); q && found < steps; q = strstr(q + 1, "\"grad_norm\":"))
+        norms[found++] = strtod(q + strlen("\"grad_norm\":"), NULL);
+    free(text);
+    assert_int_equal(found, steps);
+    snprintf(p, sizeof p, "%s/unclipped/%s/ckpt/final", dir, mode);
+    struct model_config cfg;
+    char cp[1400];
+    snprintf(cp, sizeof cp, "%s/config.json", tu_src("examples/tiny-qwen3"));
+    assert_int_equal(model_config_load(cp, &cfg), 0);
+    assert_int_equal(layout_build(&cfg, 1, lay), 0);
+    struct hf_weights w;
+    assert_int_equal(hf_weights_open(p, &w), 0);
+    float *params = calloc((size_t)lay->total_numel, sizeof(float));
+    assert_int_equal(hf_weights_load(&w, lay, params), 0);
+    hf_weights_close(&w);
+    return params;
+}
+
+/* Updating during the backward with gradients straight in the accumulator, the optimizer squares
+ * each block for the reported norm as it updates it: the same weights (bit for bit) and norms as
+ * updating after the backward, where the reduction squares them. */
+static void test_norm_squared_in_update(void **state)
+{
+    write_job("");
+    enum { STEPS = 8 };
+    double after[STEPS], during[STEPS];
+    struct layout lay_a, lay_d;
+    float *wa = train_unclipped("after_backward", after, STEPS, &lay_a);
+    float *wd = train_unclipped("during_backward", during, STEPS, &lay_d);
+    assert_memory_equal(wa, wd, sizeof(float) * (size_t)lay_a.total_numel);
+    for (int s = 0; s < STEPS; s++) {
+        printf("# step %d: grad_norm %.6f after the backward, %.6f squared in the update\n", s + 1, after[s], during[s]);
+        assert_true(after[s] > 0);
+        assert_true(fabs(after[s] - during[s]) <= 2e-6 * after[s] + 1e-6);
+    }
+    free(wa);
+    free(wd);
+    layout_free(&lay_a);
+    layout_free(&lay_d);
+}
+
 static void test_bad_input_creates_nothing(void **state)
 {
     write_job("");
@@ -310,6 +367,7 @@ int main(void)
     snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "launch"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_two_workers),
+        cmocka_unit_test(test_norm_squared_in_update),
         cmocka_unit_test(test_on_device_accumulation_many_chunks),
         cmocka_unit_test(test_bad_input_creates_nothing),
     };

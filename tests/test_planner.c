@@ -285,8 +285,10 @@ static void test_memory_footprint(void **state)
     p.grad_route = GRADS_GPU;
     price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
     assert_int_equal(gm.peer_bufs, 2 * 51200 * 4 + 2 * 25600 * 2 + 2 * (1024 + 64) * 4 + 2 * (25600 + 64) * 4);
+    /* CUDA: the context's own memory (the calibration's) counts against gpu_mem too */
+    assert_int_equal(gm.context, 768 << 20);
     assert_int_equal(gm.total, gm.chunk_bufs + gm.grad_bufs + gm.layer_inputs + gm.kept_acts + gm.bwd_scratch +
-                                   gm.logits + gm.misc + gm.workspace + gm.peer_bufs);
+                                   gm.logits + gm.misc + gm.workspace + gm.peer_bufs + gm.context);
     layout_free(&lay);
     /* untied embeddings: the embedding's gradient shares the two alternating buffers' memory */
     cfg.tie_word_embeddings = false;

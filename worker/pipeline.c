@@ -131,27 +131,20 @@ static void bail_if_stopped(struct worker *w)
     }
 }
 
-/* Where version need of chunk c can be read: params16, or (update during backward) the prev copy
- * once the chunk's next update has started. Waits until one of them holds it. */
+/* Waits until version need of chunk c is readable and returns where it is (shm/ctl.h
+ * job_params16_of). Updating during the backward, a worker redoing a step after a crash may find
+ * the chunk one version further: the copy of the other parity still holds the one it needs. */
 static const uint16_t *wait_version(struct worker *w, int c)
 {
     struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
     const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
     uint64_t t0 = clock_ns();
-    const uint16_t *src = NULL;
     uint32_t prev_phase = UINT32_MAX;
     for (;;) {
-        /* acquire: pairs with the optimizer's release stores of version / upd_step */
+        /* acquire: pairs with the optimizer's release store of version */
         uint32_t v = atomic_load_explicit(&cs->version, memory_order_acquire);
-        if (w->shm.params16_prev && atomic_load_explicit(&cs->upd_step, memory_order_acquire) > w->need_version &&
-            atomic_load_explicit(&cs->prev_version, memory_order_acquire) == w->need_version) {
-            src = w->shm.params16_prev;
+        if (v == w->need_version || (v == w->need_version + 1 && w->ctl->keep_prev))
             break;
-        }
-        if (v == w->need_version) {
-            src = w->shm.params16;
-            break;
-        }
         if (v > w->need_version) {
             fprintf(stderr, "worker %d: chunk %d is at version %u, past the %u this step needs\n", w->rank, c, v,
                     w->need_version);
@@ -165,7 +158,7 @@ static const uint16_t *wait_version(struct worker *w, int c)
     if (prev_phase != UINT32_MAX)
         set_phase(w, (int)prev_phase);
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
-    return src + ch->offset;
+    return job_params16_of(&w->shm, w->need_version) + ch->offset;
 }
 
 static struct cache_entry *cache_find(struct worker *w, int c)
@@ -201,30 +194,6 @@ static void cache_fill(struct worker *w, struct cache_entry *e, int c, const uin
     atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)ch->numel * 2, memory_order_relaxed);
 }
 
-/* A restarted worker may read a chunk while its next update starts (update during backward):
- * whether a read of chunk c from src could be torn that way, and, once the copy has landed,
- * whether it was (the update began; the prev copy holds the version to read again). */
-static bool read_may_tear(const struct worker *w, const uint16_t *src)
-{
-    return w->recovering && w->shm.params16_prev && src < w->shm.params16_prev;
-}
-
-static bool read_torn(const struct worker *w, int c)
-{
-    struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
-    return atomic_load_explicit(&cs->upd_step, memory_order_acquire) > w->need_version;
-}
-
-/* Re-reads cache entry e's chunk from the prev copy if its fill from src was torn. */
-static void recheck_torn(struct worker *w, struct cache_entry *e, int c, const uint16_t *src)
-{
-    if (!read_may_tear(w, src))
-        return;
-    w->be.ops->wait_weights(&w->be, (int)(e - w->cache));
-    w->be.ops->synchronize(&w->be);
-    if (read_torn(w, c))
-        cache_fill(w, e, c, wait_version(w, c));
-}
 
 /* ---- the exchange ---- */
 
@@ -302,16 +271,12 @@ static size_t weight_size(const struct worker *w)
 }
 
 /* Chunk c's parameter shard [lo, lo+n) at the version this pass needs, into device memory dst;
- * waits for the copy. A restarted worker re-reads from the prev copy if an update began meanwhile. */
+ * waits for the copy. */
 static void stage_weights(struct worker *w, void *dst, int c, int64_t lo, int64_t n)
 {
-    for (;;) {
-        const uint16_t *src = wait_version(w, c);
-        w->be.ops->fetch_weights_async(&w->be, w->cache_size, dst, src + lo, (size_t)n);
-        w->be.ops->synchronize(&w->be);
-        if (!read_may_tear(w, src) || !read_torn(w, c))
-            break;
-    }
+    const uint16_t *src = wait_version(w, c);
+    w->be.ops->fetch_weights_async(&w->be, w->cache_size, dst, src + lo, (size_t)n);
+    w->be.ops->synchronize(&w->be);
     atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)n * 2, memory_order_relaxed);
 }
 
@@ -362,9 +327,7 @@ static void fetch_chunk(struct worker *w, struct cache_entry *e, int c)
         }
         /* read again later in the pass (the cache could not keep it): straight from the host */
     }
-    const uint16_t *src = wait_version(w, c);
-    cache_fill(w, e, c, src);
-    recheck_torn(w, e, c, src);
+    cache_fill(w, e, c, wait_version(w, c));
 }
 
 static const void *io_weights(void *ctx, int c, int next)
@@ -918,7 +881,9 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     int rc;
 #ifdef SD_HAVE_CUDA
     if (h->job.device == DEVICE_CUDA)
-        rc = backend_cuda_init(&w->be, args->device_index, (size_t)h->job.gpu_mem);
+        /* gpu_mem bounds the process: the context takes its part before our allocations */
+        rc = backend_cuda_init(&w->be, args->device_index,
+                               h->job.gpu_mem > 0 ? (size_t)(h->job.gpu_mem - h->plan.gpu_context_bytes) : 0);
     else
 #endif
         rc = h->job.device == DEVICE_CPU ? backend_cpu_init(&w->be) : sd_err("this build has no CUDA backend");
