@@ -198,12 +198,19 @@ int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act
     return t;
 }
 
-static int64_t grad_buf_numel(const struct layout *lay)
+/* The two alternating gradient buffers' sizes (worker/model.c): the largest chunk's besides the
+ * embedding, and the largest of the rest's. */
+static void grad_buf_numel(const struct layout *lay, int64_t out[2])
 {
-    int64_t n = 0;
-    for (int c = 1; c < lay->num_chunks; c++)
-        n = lay->chunks[c].numel > n ? lay->chunks[c].numel : n;
-    return n;
+    out[0] = out[1] = 0;
+    for (int c = 1; c < lay->num_chunks; c++) {
+        if (lay->chunks[c].numel > out[0]) {
+            out[1] = out[0];
+            out[0] = lay->chunks[c].numel;
+        } else if (lay->chunks[c].numel > out[1]) {
+            out[1] = lay->chunks[c].numel;
+        }
+    }
 }
 
 void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred *out)
@@ -219,11 +226,12 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
     memset(out, 0, sizeof *out);
     out->chunk_bufs = mc->plan->chunk_buffers * al(mc->lay->max_chunk_numel * wsize, a);
     /* untied: the embedding's gradient lives in the two alternating buffers' memory (worker/model.c) */
-    int64_t pair = grad_buf_numel(mc->lay), embed = mc->lay->chunks[0].numel;
-    if (!cfg->tie_word_embeddings && embed <= 2 * pair)
-        out->grad_bufs = al(2 * pair * 4, a);
+    int64_t pair[2], embed = mc->lay->chunks[0].numel;
+    grad_buf_numel(mc->lay, pair);
+    if (!cfg->tie_word_embeddings && embed <= pair[0] + pair[1])
+        out->grad_bufs = al((pair[0] + pair[1]) * 4, a);
     else
-        out->grad_bufs = al(embed * 4, a) + 2 * al(pair * 4, a);
+        out->grad_bufs = al(embed * 4, a) + al(pair[0] * 4, a) + al((pair[1] > 0 ? pair[1] : 1) * 4, a);
     if (mc->plan->accumulate_on_device) /* one more buffer per chunk (the embedding's is reused) */
         for (int c = 1; c < mc->lay->num_chunks; c++)
             out->grad_bufs += al(mc->lay->chunks[c].numel * 4, a);
@@ -638,7 +646,6 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     double lf = layer_fwd_s(&d, &sh), lb = layer_bwd_s(&d, &sh), act_bytes = sh.N * sh.C * 2;
     double flops_layer = model_layer_flops(mc->cfg, sh.B, sh.T);
     double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq) * sh.D;
-    int64_t gbuf = grad_buf_numel(lay);
     for (int c = 0; c < nc; c++) {
         const struct chunk_desc *ch = &lay->chunks[c];
         double wbytes = (double)ch->numel * 2, gbytes = (double)ch->numel * 4;
@@ -666,13 +673,13 @@ void model_step(const struct model_case *mc, struct step_pred *out)
             s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + elem_s(&d, ELEM_EMBED_FWD, sh.N * sh.C);
             s.bwd[c] = elem_s(&d, ELEM_EMBED_BWD, sh.N * sh.C);
         } else if (ch->kind == CHUNK_HEAD) {
-            s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)gbuf) + head_s(&d, &sh, p->logits_rows);
+            s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + head_s(&d, &sh, p->logits_rows);
         } else {
             int recompute = 0;
             for (int l = ch->first_layer; l < ch->first_layer + ch->num_layers; l++)
                 recompute += !p->keep_acts[l];
             s.fwd[c] = ch->num_layers * lf;
-            s.bwd[c] = elem_s(&d, ELEM_ZERO, (double)gbuf) + ch->num_layers * lb + recompute * lf;
+            s.bwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + ch->num_layers * lb + recompute * lf;
             out->recompute_s += A * recompute * lf;
             out->flops += A * (ch->num_layers * (3 * flops_layer + 1.5 * attn_flops) + recompute * flops_layer);
             if (mc->offload && !d.cpu && recompute > 0) { /* inputs out in the forward, back in the backward */

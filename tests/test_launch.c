@@ -226,17 +226,18 @@ static void test_tiny_two_workers(void **state)
     backend_cpu_free(&be);
 }
 
-/* Trains a 12-layer copy of the tiny model, one layer per chunk (14 chunks), for a few steps with
- * the given overrides; returns the exported fp32 weights in parameter order. */
-static float *train_deep(const char *tag, const char *overrides, struct layout *lay)
+/* Trains a 12-layer copy of the tiny model (config.json further edited by the sed expression
+ * config_edit), one layer per chunk (14 chunks), for a few steps with the given overrides; returns
+ * the exported fp32 weights in parameter order. */
+static float *train_deep(const char *tag, const char *config_edit, const char *overrides, struct layout *lay)
 {
     char p[1300], *out = NULL;
     snprintf(p, sizeof p, "%s/deep/model", dir);
     tu_rmrf(p);
     assert_int_equal(tu_sh(&out,
-                           "mkdir -p %s && sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 12/' "
+                           "mkdir -p %s && sed -e 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 12/' -e '%s' "
                            "%s/config.json > %s/config.json",
-                           p, tu_src("examples/tiny-qwen3"), p),
+                           p, config_edit, tu_src("examples/tiny-qwen3"), p),
                      0);
     free(out);
     snprintf(p, sizeof p, "%s/deep/model/config.json", dir);
@@ -261,28 +262,36 @@ static float *train_deep(const char *tag, const char *overrides, struct layout *
     return params;
 }
 
-/* Micro-steps summing their gradients on the device, with more chunks (hence more resident
- * gradient buffers) than the tiny model has: the same training as summing on the host, up to the
- * order of the fp32 sums. */
+/* Micro-steps summing their gradients on the device (a buffer per chunk), with more chunks than the
+ * tiny model has, against summing on the host (two alternating buffers): the same training up to
+ * the order of the fp32 sums. Also untied with a vocabulary whose LM head is 10x a layer, so the
+ * alternating buffers differ in size and the head, then every other layer, takes the larger. */
 static void test_on_device_accumulation_many_chunks(void **state)
 {
-    write_job("");
-    struct layout lay_host, lay_dev;
-    float *host = train_deep("host", "runtime.accumulate_on_device=false", &lay_host);
-    float *dev = train_deep("dev", "runtime.accumulate_on_device=true", &lay_dev);
-    assert_int_equal(lay_host.num_chunks, 14);
-    double diff = 0, norm = 0;
-    for (int64_t i = 0; i < lay_host.total_numel; i++) {
-        diff += ((double)dev[i] - host[i]) * ((double)dev[i] - host[i]);
-        norm += (double)host[i] * host[i];
+    const char *edits[] = {"", "s/\"vocab_size\": 32/\"vocab_size\": 8192/; s/\"tie_word_embeddings\": true/"
+                               "\"tie_word_embeddings\": false/"};
+    for (int i = 0; i < 2; i++) {
+        write_job("");
+        struct layout lay_host, lay_dev;
+        float *host = train_deep(i ? "host-untied" : "host", edits[i], "runtime.accumulate_on_device=false", &lay_host);
+        float *dev = train_deep(i ? "dev-untied" : "dev", edits[i], "runtime.accumulate_on_device=true", &lay_dev);
+        assert_int_equal(lay_host.num_chunks, 14);
+        int64_t head = lay_host.chunks[13].numel, layer = lay_host.chunks[1].numel;
+        assert_true(i == 0 || head > 4 * layer);
+        double diff = 0, norm = 0;
+        for (int64_t j = 0; j < lay_host.total_numel; j++) {
+            diff += ((double)dev[j] - host[j]) * ((double)dev[j] - host[j]);
+            norm += (double)host[j] * host[j];
+        }
+        printf("# 12 layers in 14 chunks%s (head chunk %lld elements, layer %lld), gradients summed on the device "
+               "vs on the host: final weights rel err %.2e\n",
+               i ? ", untied" : "", (long long)head, (long long)layer, sqrt(diff / norm));
+        assert_true(sqrt(diff / norm) < 1e-5);
+        free(host);
+        free(dev);
+        layout_free(&lay_host);
+        layout_free(&lay_dev);
     }
-    printf("# 12 layers in 14 chunks, gradients summed on the device vs on the host: final weights rel err %.2e\n",
-           sqrt(diff / norm));
-    assert_true(sqrt(diff / norm) < 1e-5);
-    free(host);
-    free(dev);
-    layout_free(&lay_host);
-    layout_free(&lay_dev);
 }
 
 /* One worker, no clipping: the tiny job's final weights and each step's grad_norm from metrics.jsonl

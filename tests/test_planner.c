@@ -297,6 +297,13 @@ static void test_memory_footprint(void **state)
     assert_true(lay.chunks[0].numel <= 51200);
     assert_int_equal(gm.grad_bufs, 2 * 51200 * 4); /* fp32, twice the largest layer chunk */
     layout_free(&lay);
+    /* an LM head 10x a layer: one buffer of the head's size, one of a layer's */
+    cfg.vocab_size = 8192;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    int64_t head = lay.chunks[lay.num_chunks - 1].numel;
+    assert_int_equal(head, 8192 * 64 + 2048);
+    assert_int_equal(gm.grad_bufs, (head + 51200) * 4);
+    layout_free(&lay);
 }
 
 /* Plans on a host without P2P (the routes are test_topology's subject). */

@@ -182,17 +182,25 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     m->bw_v = act_alloc(m, N * (size_t)m->kvdim, &fail);
     m->bw_q2 = act_alloc(m, N * (size_t)m->qdim, &fail);
     m->bw_k2 = act_alloc(m, N * (size_t)m->kvdim, &fail);
-    for (int c = 1; c < num_chunks; c++)
-        if (chunks[c].numel > m->grad_buf_numel)
-            m->grad_buf_numel = chunks[c].numel;
-    m->embed_grad_in_pair = !cfg->tie_word_embeddings && chunks[0].numel <= 2 * m->grad_buf_numel;
+    /* Two buffers for the other chunks' gradients, used in turn: one the size of the largest (the
+     * head, untied, is larger than a layer), one of the largest of the rest. */
+    int64_t *gb = m->grad_buf_numel;
+    for (int c = 1; c < num_chunks; c++) {
+        if (chunks[c].numel > gb[0]) {
+            gb[1] = gb[0];
+            gb[0] = chunks[c].numel;
+        } else if (chunks[c].numel > gb[1]) {
+            gb[1] = chunks[c].numel;
+        }
+    }
+    m->embed_grad_in_pair = !cfg->tie_word_embeddings && chunks[0].numel <= gb[0] + gb[1];
     if (m->embed_grad_in_pair) {
-        m->grad_bufs[0] = m->grad_embed = f32_alloc(m, 2 * (size_t)m->grad_buf_numel, &fail);
-        m->grad_bufs[1] = m->grad_bufs[0] ? m->grad_bufs[0] + m->grad_buf_numel : NULL;
+        m->grad_bufs[0] = m->grad_embed = f32_alloc(m, (size_t)(gb[0] + gb[1]), &fail);
+        m->grad_bufs[1] = m->grad_bufs[0] ? m->grad_bufs[0] + gb[0] : NULL;
     } else {
         m->grad_embed = f32_alloc(m, (size_t)chunks[0].numel, &fail);
-        m->grad_bufs[0] = f32_alloc(m, (size_t)m->grad_buf_numel, &fail);
-        m->grad_bufs[1] = f32_alloc(m, (size_t)m->grad_buf_numel, &fail);
+        m->grad_bufs[0] = f32_alloc(m, (size_t)gb[0], &fail);
+        m->grad_bufs[1] = f32_alloc(m, (size_t)(gb[1] > 0 ? gb[1] : 1), &fail);
     }
     if (fail) {
         model_free(m);
@@ -425,13 +433,16 @@ static void zero_grads(struct model *m, const struct model_io *io, float *g, siz
     m->be->ops->memset0(m->be, g, sizeof(float) * numel);
 }
 
-static float *take_grad_buf(struct model *m, const struct model_io *io)
+/* The next of the two alternating buffers for a gradient of numel elements, or the larger one when
+ * it does not fit the next (the backward starts with buffer 0, so the head takes it). */
+static float *take_grad_buf(struct model *m, const struct model_io *io, int64_t numel)
 {
-    float *g = m->grad_bufs[m->next_grad_buf];
-    m->next_grad_buf ^= 1;
+    int i = numel <= m->grad_buf_numel[m->next_grad_buf] ? m->next_grad_buf : 0;
+    m->next_grad_buf = i ^ 1;
+    float *g = m->grad_bufs[i];
     if (m->embed_grad_in_pair && io->grads_reuse) /* the embedding's last gradient may span both */
         io->grads_reuse(io->ctx, m->grad_embed);
-    zero_grads(m, io, g, (size_t)m->grad_buf_numel);
+    zero_grads(m, io, g, (size_t)numel);
     return g;
 }
 
@@ -460,7 +471,7 @@ int model_keep_grads_resident(struct model *m)
 static float *chunk_grad(struct model *m, const struct model_io *io, int c, bool first)
 {
     if (!m->chunk_grads)
-        return take_grad_buf(m, io);
+        return take_grad_buf(m, io, m->chunks[c].numel);
     if (first)
         zero_grads(m, io, m->chunk_grads[c], (size_t)m->chunks[c].numel);
     return m->chunk_grads[c];
@@ -486,6 +497,7 @@ int model_train_micro(struct model *m, const struct model_io *io, const int32_t 
         zero_grads(m, io, m->grad_embed, (size_t)m->chunks[0].numel);
 
     forward_trunk(m, io);
+    m->next_grad_buf = 0;
     float *head_grad = chunk_grad(m, io, hc, first);
     head_pass(m, io, true, head_grad, NULL);
     fetch_loss(m, loss_rows, correct);

@@ -66,7 +66,7 @@ struct model {
      * of the two alternating buffers (allocated as one) instead of beside them. */
     bool embed_grad_in_pair;
     float *grad_bufs[2];  /* alternating gradient buffers for the other chunks */
-    int64_t grad_buf_numel;
+    int64_t grad_buf_numel[2]; /* the largest such chunk's, and the largest of the rest's */
     int next_grad_buf;
     float **chunk_grads;  /* per chunk, when gradients accumulate on the device over micro-steps */
 
