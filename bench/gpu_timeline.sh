@@ -1,13 +1,15 @@
 #!/bin/bash
 # Where the Qwen3-1.7B-shape step's time goes on a GPU host (from the repo root): each
 # configuration trains 10 steps while bench/timeline.py samples the processes' phases. Logs in
-# $OUT. Needs .gpudeps/ as gpu_issue4.sh's header says.
+# $OUT. Needs .gpudeps/ as gpu_issue4.sh's header says. CONFIGS="overrides;overrides" replaces the
+# two configurations below; NO_TOPOLOGY=1 skips the topology probe at the end.
 . bench/gpu_build.sh
 w=/tmp/timeline
 rm -rf "$w" && mkdir -p "$w"
 random_tokens "$w/train.bin" 2000000
 qwen3_1_7b_job "$w" 10
-for cfg in "train.micro_batch=2" "train.micro_batch=2 runtime.optim_procs=4 runtime.optim_threads=4 runtime.chunk_buffers=30"; do
+IFS=';' read -r -a configs <<< "${CONFIGS:-train.micro_batch=2;train.micro_batch=2 runtime.optim_procs=4 runtime.optim_threads=4 runtime.chunk_buffers=30}"
+for cfg in "${configs[@]}"; do
     log "== $cfg"
     rm -rf "$w/log" "$w/ckpt"
     timeout 150 "$build/slidedp-launch" "$w/job.ini" $cfg > "$out/tl_run.log" 2>&1 &
@@ -17,6 +19,7 @@ for cfg in "train.micro_batch=2" "train.micro_batch=2 runtime.optim_procs=4 runt
 done
 
 # the topology as probed on this host, and what the planner and the launcher make of it
+[ -n "${NO_TOPOLOGY:-}" ] && exit 0
 {
     echo "== slidedp-worker --probe-topology"; "$build/slidedp-worker" --probe-topology
     echo "== --gpus 2"; "$build/slidedp-worker" --probe-topology --gpus 2
