@@ -267,6 +267,7 @@ static void print_json(const struct report *r)
     cJSON_AddStringToObject(pj, "grad_route", grad_route_name(pl->grad_route));
     cJSON_AddNumberToObject(pj, "logits_rows", pl->logits_rows);
     cJSON_AddBoolToObject(pj, "accumulate_on_device", pl->accumulate_on_device);
+    cJSON_AddBoolToObject(pj, "grads_direct", plan_grads_direct(pl, r->job->gpus, r->job->grad_accum));
     cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
     for (int l = 0; l < r->cfg->num_layers; l++)
         cJSON_AddItemToArray(keep, cJSON_CreateNumber(pl->keep_acts[l]));

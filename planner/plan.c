@@ -683,9 +683,13 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
     int kept = 0;
     for (int l = 0; l < cfg->num_layers; l++)
         kept += plan->keep_acts[l];
-    fprintf(f, "plan: %d layer(s) per chunk, %d chunk buffers, %d grad slots per rank, %d optimizer process(es) x %d "
-               "thread(s)\n",
-            plan->layers_per_chunk, plan->chunk_buffers, plan->grad_slots, plan->optim_procs, plan->optim_threads);
+    char slots[64];
+    if (plan_grads_direct(plan, job->gpus, job->grad_accum))
+        snprintf(slots, sizeof slots, "gradients straight into the accumulator");
+    else
+        snprintf(slots, sizeof slots, "%d grad slots per rank", plan->grad_slots);
+    fprintf(f, "plan: %d layer(s) per chunk, %d chunk buffers, %s, %d optimizer process(es) x %d thread(s)\n",
+            plan->layers_per_chunk, plan->chunk_buffers, slots, plan->optim_procs, plan->optim_threads);
     fprintf(f, "plan: activations kept for %d/%d layers (others recomputed); update %s; params %s, grads %s%s\n",
             kept, cfg->num_layers, update_mode_name(plan->update_mode),
             plan->param_route == PARAMS_SHARDED ? "sharded" : "replicated",
