@@ -194,7 +194,6 @@ static void cache_fill(struct worker *w, struct cache_entry *e, int c, const uin
     atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)ch->numel * 2, memory_order_relaxed);
 }
 
-
 /* ---- the exchange ---- */
 
 static struct xchg_rank *xchg_of(struct worker *w, int r)
