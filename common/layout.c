@@ -129,6 +129,19 @@ int layout_build(const struct model_config *cfg, int layers_per_chunk, struct la
     return 0;
 }
 
+void layout_grad_buf_numel(const struct chunk_desc *chunks, int num_chunks, int64_t out[2])
+{
+    out[0] = out[1] = 0;
+    for (int c = 1; c < num_chunks; c++) {
+        if (chunks[c].numel > out[0]) {
+            out[1] = out[0];
+            out[0] = chunks[c].numel;
+        } else if (chunks[c].numel > out[1]) {
+            out[1] = chunks[c].numel;
+        }
+    }
+}
+
 void layout_free(struct layout *l)
 {
     free(l->tensors);

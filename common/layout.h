@@ -96,6 +96,11 @@ static inline int64_t layout_shard_numel(int64_t n, int G, int r)
     return layout_shard_begin(n, G, r + 1) - layout_shard_begin(n, G, r);
 }
 
+/* The sizes of the worker's two alternating gradient buffers (worker/model.c), which hold every
+ * chunk's gradient but the embedding's: the largest such chunk's (an untied head can be larger than
+ * a layer), and the largest of the rest's. */
+void layout_grad_buf_numel(const struct chunk_desc *chunks, int num_chunks, int64_t out[2]);
+
 /* Chunk that holds decoder layer l. */
 int layout_chunk_of_layer(const struct chunk_desc *chunks, int num_chunks, int layer);
 

@@ -198,21 +198,6 @@ int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act
     return t;
 }
 
-/* The two alternating gradient buffers' sizes (worker/model.c): the largest chunk's besides the
- * embedding, and the largest of the rest's. */
-static void grad_buf_numel(const struct layout *lay, int64_t out[2])
-{
-    out[0] = out[1] = 0;
-    for (int c = 1; c < lay->num_chunks; c++) {
-        if (lay->chunks[c].numel > out[0]) {
-            out[1] = out[0];
-            out[0] = lay->chunks[c].numel;
-        } else if (lay->chunks[c].numel > out[1]) {
-            out[1] = lay->chunks[c].numel;
-        }
-    }
-}
-
 void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred *out)
 {
     const struct model_config *cfg = mc->cfg;
@@ -227,7 +212,7 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
     out->chunk_bufs = mc->plan->chunk_buffers * al(mc->lay->max_chunk_numel * wsize, a);
     /* untied: the embedding's gradient lives in the two alternating buffers' memory (worker/model.c) */
     int64_t pair[2], embed = mc->lay->chunks[0].numel;
-    grad_buf_numel(mc->lay, pair);
+    layout_grad_buf_numel(mc->lay->chunks, mc->lay->num_chunks, pair);
     if (!cfg->tie_word_embeddings && embed <= pair[0] + pair[1])
         out->grad_bufs = al((pair[0] + pair[1]) * 4, a);
     else

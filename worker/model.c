@@ -182,17 +182,9 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     m->bw_v = act_alloc(m, N * (size_t)m->kvdim, &fail);
     m->bw_q2 = act_alloc(m, N * (size_t)m->qdim, &fail);
     m->bw_k2 = act_alloc(m, N * (size_t)m->kvdim, &fail);
-    /* Two buffers for the other chunks' gradients, used in turn: one the size of the largest (the
-     * head, untied, is larger than a layer), one of the largest of the rest. */
+    /* two buffers for the other chunks' gradients, used in turn */
     int64_t *gb = m->grad_buf_numel;
-    for (int c = 1; c < num_chunks; c++) {
-        if (chunks[c].numel > gb[0]) {
-            gb[1] = gb[0];
-            gb[0] = chunks[c].numel;
-        } else if (chunks[c].numel > gb[1]) {
-            gb[1] = chunks[c].numel;
-        }
-    }
+    layout_grad_buf_numel(chunks, num_chunks, gb);
     m->embed_grad_in_pair = !cfg->tie_word_embeddings && chunks[0].numel <= gb[0] + gb[1];
     if (m->embed_grad_in_pair) {
         m->grad_bufs[0] = m->grad_embed = f32_alloc(m, (size_t)(gb[0] + gb[1]), &fail);
