@@ -177,13 +177,7 @@ static int grad_norms(const char *name, double *out, int max)
 {
     char p[1300];
     job_path(name, "log/metrics.jsonl", p, sizeof p);
-    char *text = tu_read_file(p, NULL);
-    assert_non_null(text);
-    int n = 0;
-    for (const char *q = strstr(text, "\"grad_norm\":"); q && n < max; q = strstr(q + 1, "\"grad_norm\":"))
-        out[n++] = strtod(q + strlen("\"grad_norm\":"), NULL);
-    free(text);
-    return n;
+    return tu_metrics_values(p, "grad_norm", out, max);
 }
 
 /* Final weights bit-identical to the reference run's, every step's reported gradient norm the same

@@ -226,6 +226,17 @@ static void test_tiny_two_workers(void **state)
     backend_cpu_free(&be);
 }
 
+/* The exported fp32 weights in final_dir, in the parameter order of lay. */
+static float *final_weights(const char *final_dir, const struct layout *lay)
+{
+    struct hf_weights w;
+    assert_int_equal(hf_weights_open(final_dir, &w), 0);
+    float *params = calloc((size_t)lay->total_numel, sizeof(float));
+    assert_int_equal(hf_weights_load(&w, lay, params), 0);
+    hf_weights_close(&w);
+    return params;
+}
+
 /* Trains a 12-layer copy of the tiny model (config.json further edited by the sed expression
  * config_edit), one layer per chunk (14 chunks), for a few steps with the given overrides; returns
  * the exported fp32 weights in parameter order. */
@@ -254,12 +265,7 @@ static float *train_deep(const char *tag, const char *config_edit, const char *o
         fail_msg("slidedp-launch exited %d:\n%s", rc, out);
     free(out);
     snprintf(p, sizeof p, "%s/deep/%s/ckpt/final", dir, tag);
-    struct hf_weights w;
-    assert_int_equal(hf_weights_open(p, &w), 0);
-    float *params = calloc((size_t)lay->total_numel, sizeof(float));
-    assert_int_equal(hf_weights_load(&w, lay, params), 0);
-    hf_weights_close(&w);
-    return params;
+    return final_weights(p, lay);
 }
 
 /* Micro-steps summing their gradients on the device (a buffer per chunk), with more chunks than the
@@ -308,24 +314,14 @@ static float *train_unclipped(const char *mode, double *norms, int steps, struct
         fail_msg("slidedp-launch exited %d:\n%s", rc, out);
     free(out);
     snprintf(p, sizeof p, "%s/unclipped/%s/metrics.jsonl", dir, mode);
-    char *text = tu_read_file(p, NULL);
-    int found = 0;
-    for (const char *q = strstr(text, "\"grad_norm\":"); q && found < steps; q = strstr(q + 1, "\"grad_norm\":"))
-        norms[found++] = strtod(q + strlen("\"grad_norm\":"), NULL);
-    free(text);
-    assert_int_equal(found, steps);
-    snprintf(p, sizeof p, "%s/unclipped/%s/ckpt/final", dir, mode);
+    assert_int_equal(tu_metrics_values(p, "grad_norm", norms, steps), steps);
     struct model_config cfg;
     char cp[1400];
     snprintf(cp, sizeof cp, "%s/config.json", tu_src("examples/tiny-qwen3"));
     assert_int_equal(model_config_load(cp, &cfg), 0);
     assert_int_equal(layout_build(&cfg, 1, lay), 0);
-    struct hf_weights w;
-    assert_int_equal(hf_weights_open(p, &w), 0);
-    float *params = calloc((size_t)lay->total_numel, sizeof(float));
-    assert_int_equal(hf_weights_load(&w, lay, params), 0);
-    hf_weights_close(&w);
-    return params;
+    snprintf(p, sizeof p, "%s/unclipped/%s/ckpt/final", dir, mode);
+    return final_weights(p, lay);
 }
 
 /* Updating during the backward with gradients straight in the accumulator, the optimizer squares

@@ -65,6 +65,22 @@ char *tu_read_file(const char *path, size_t *len)
     return buf;
 }
 
+int tu_metrics_values(const char *path, const char *key, double *out, int max)
+{
+    char *text = tu_read_file(path, NULL);
+    if (!text) {
+        fprintf(stderr, "cannot read %s\n", path);
+        abort();
+    }
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\":", key);
+    int n = 0;
+    for (const char *q = strstr(text, quoted); q && n < max; q = strstr(q + 1, quoted))
+        out[n++] = strtod(q + strlen(quoted), NULL);
+    free(text);
+    return n;
+}
+
 bool tu_exists(const char *path)
 {
     struct stat st;

@@ -19,6 +19,9 @@ void tu_write_file(const char *path, const char *text);
 /* Reads a whole file (NUL-terminated, caller frees); NULL if missing. */
 char *tu_read_file(const char *path, size_t *len);
 bool tu_exists(const char *path);
+/* The numbers after "key": in a metrics.jsonl file, in order (at most max); how many there are.
+ * Fails the test when the file cannot be read. */
+int tu_metrics_values(const char *path, const char *key, double *out, int max);
 /* The shared memory objects a job (by its name, shm/ctl.h ctl_job_name) has in /dev/shm. */
 int tu_shm_objects(const char *job);
 
