@@ -428,33 +428,11 @@ static bool sent_before_restart(struct worker *w, int c)
     return w->recovering && w->step == w->recover_step && already_posted(w, c);
 }
 
-/* Copies elements [begin, begin+count) of chunk c's gradient (device memory at grad) into the
- * next free host slot, or straight into the accumulator (grads_direct), and queues its descriptor
- * for the poster thread. */
-static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count)
+/* Waits until host slot si is free and marks it being written with a new fill sequence (*seq);
+ * returns the slot's memory. */
+static float *claim_slot(struct worker *w, int si, uint32_t *seq)
 {
-    struct ctl_header *h = w->ctl;
-    int si = w->next_grad_slot;
-    w->next_grad_slot = (w->next_grad_slot + 1) % h->grad_slots;
-    struct post post = {.chunk = c,
-                        .slot = si,
-                        .step = w->step,
-                        .micro = w->micro,
-                        .elem_begin = begin,
-                        .elem_count = count};
-    if (h->grads_direct) {
-        /* Nobody reads this part of the accumulator until the descriptor is out, and its previous
-         * step's update finished before this step could read the chunk. The slot index only names
-         * the copy's completion event. */
-        float *host = w->shm.grad_acc + ctl_chunks(h)[c].offset + begin;
-        fault_point("worker_direct_sending");
-        w->be.ops->send_grads_async(&w->be, si, host, grad, (size_t)count);
-        remember_grad_buf(w, grad, si);
-        post.direct = true;
-        post_enqueue(w, post);
-        return;
-    }
-    struct slot_state *ss = ctl_slot(h, w->rank, si);
+    struct slot_state *ss = ctl_slot(w->ctl, w->rank, si);
     uint64_t t0 = clock_ns();
     uint32_t word;
     for (;;) {
@@ -469,10 +447,37 @@ static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
     set_phase(w, PHASE_BACKWARD); /* gradients are only posted during the backward */
 
-    post.seq = (SLOT_SEQ(word) + 1) & 0x3fffffffu;
-    atomic_store_explicit(&ss->state, SLOT_WORD(post.seq, SLOT_WRITING), memory_order_relaxed);
+    *seq = (SLOT_SEQ(word) + 1) & 0x3fffffffu;
+    atomic_store_explicit(&ss->state, SLOT_WORD(*seq, SLOT_WRITING), memory_order_relaxed);
     fault_point("worker_slot_writing");
-    float *host = job_grad_slot(&w->shm, w->rank, si);
+    return job_grad_slot(&w->shm, w->rank, si);
+}
+
+/* Copies elements [begin, begin+count) of chunk c's gradient (device memory at grad) into the
+ * next free host slot, or straight into the accumulator (grads_direct), and queues its descriptor
+ * for the poster thread. */
+static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count)
+{
+    struct ctl_header *h = w->ctl;
+    int si = w->next_grad_slot;
+    w->next_grad_slot = (w->next_grad_slot + 1) % h->grad_slots;
+    struct post post = {.chunk = c,
+                        .slot = si,
+                        .step = w->step,
+                        .micro = w->micro,
+                        .elem_begin = begin,
+                        .elem_count = count};
+    float *host;
+    if (h->grads_direct) {
+        /* Nobody reads this part of the accumulator until the descriptor is out, and its previous
+         * step's update finished before this step could read the chunk. The slot index only names
+         * the copy's completion event. */
+        host = w->shm.grad_acc + ctl_chunks(h)[c].offset + begin;
+        post.direct = true;
+        fault_point("worker_direct_sending");
+    } else {
+        host = claim_slot(w, si, &post.seq);
+    }
     w->be.ops->send_grads_async(&w->be, si, host, grad, (size_t)count);
     remember_grad_buf(w, grad, si);
     post_enqueue(w, post);
