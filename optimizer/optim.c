@@ -1,6 +1,6 @@
 /* The optimizer process's loop (see optim.h). Two update modes (DESIGN §5): after the backward,
  * once the global norm is known (needed for clipping; the update then overlaps the next step's
- * forward), or during the backward, each chunk as soon as its gradient is complete.
+ * forward), or during the backward, each chunk once its gradient is complete, lowest-numbered first.
  *
  * The blocks of a chunk are split between the process's threads in fixed ranges.
  *
@@ -55,6 +55,8 @@ struct optim {
     uint32_t generation;
     int *chunks; /* owned, ascending */
     int num_chunks;
+    int *chunk_pos;       /* per chunk of the job: its index in chunks, or -1 */
+    bool *update_pending; /* per owned chunk: complete, its update not taken yet */
     uint32_t total_micro;
     bool shard_grads; /* GPU-side gradients: each rank sends the step's sum of its shard, once */
     enum adamw_isa isa;
@@ -357,21 +359,37 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
     atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
 }
 
-/* Drains the rings until every owned chunk's gradient of step s is complete. Returns 1 if the
- * step was abandoned (workers gone before finishing it), -1 if torn down, 0 when complete. */
+/* The lowest-numbered owned chunk whose update is pending, or -1. */
+static int first_pending(struct optim *o)
+{
+    for (int i = 0; i < o->num_chunks; i++)
+        if (o->update_pending[i])
+            return i;
+    return -1;
+}
+
+/* Drains the rings until every owned chunk's gradient of step s is complete (and, with update_now,
+ * updated). Returns 1 if the step was abandoned (workers gone before finishing it), -1 if torn
+ * down, 0 when complete.
+ *
+ * Updating during the backward, gradients arrive from the last chunk to the first, but the next
+ * forward reads the first chunk first. So the rings are drained before each update (a reduction
+ * frees a gradient slot a worker may be waiting for), and the update then taken is the
+ * lowest-numbered complete chunk: the next forward starts as soon as its first chunks are updated
+ * and overlaps the rest of the update, instead of waiting for the whole of it. */
 static int reduce_step(struct optim *o, uint32_t s, bool update_now)
 {
     struct ctl_header *h = o->ctl;
     int remaining = 0;
     for (int i = 0; i < o->num_chunks; i++) {
         struct chunk_state *cs = ctl_chunk_state(h, o->chunks[i]);
+        /* reduced before a crash, maybe not updated: update_chunk skips it if it was */
+        o->update_pending[i] = update_now && atomic_load(&cs->reduced_step) >= s;
         if (atomic_load(&cs->reduced_step) < s)
             remaining++;
-        else if (update_now)
-            update_chunk(o, o->chunks[i], s, 1.0f); /* reduced before a crash, maybe not updated */
     }
     struct doorbell *db = ctl_doorbell(h, o->index);
-    while (remaining > 0) {
+    for (;;) {
         /* acquire: pairs with the workers' release increment after ring_push */
         uint32_t seen = atomic_load_explicit(&db->seq, memory_order_acquire);
         /* set only after every worker exited: then this pass sees all that will ever come */
@@ -380,8 +398,8 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
         for (int r = 0; r < h->gpus; r++) {
             struct ring *ring = ctl_ring(h, r, o->index);
             struct chunk_desc_msg d;
-            /* once our chunks are complete (and updated during the backward), the workers may post
-             * the next step's gradients: they wait for the next call */
+            /* once our chunks are complete, the workers may post the next step's gradients: they
+             * wait for the next call */
             while (remaining > 0 && ring_peek(ring, &d)) {
                 SD_ASSERT(d.kind == DESC_GRAD && d.step <= s);
                 struct chunk_state *cs = ctl_chunk_state(h, (int)d.chunk);
@@ -398,12 +416,20 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
                 if (complete) {
                     remaining--;
                     if (update_now)
-                        update_chunk(o, (int)d.chunk, s, 1.0f);
+                        o->update_pending[o->chunk_pos[d.chunk]] = true;
                 }
             }
         }
         if (progressed)
             continue;
+        int next = first_pending(o);
+        if (next >= 0) {
+            update_chunk(o, o->chunks[next], s, 1.0f);
+            o->update_pending[next] = false;
+            continue;
+        }
+        if (remaining == 0)
+            return 0;
         if (draining) {
             /* nothing in the rings can be added and nothing more will come: the step cannot complete */
             atomic_store(&h->abandoned_step, s);
@@ -417,7 +443,6 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
         if (torn_down(o))
             return -1;
     }
-    return 0;
 }
 
 /* Waits for every chunk's reduction of step s and returns the global L2 norm (chunk order), or -1
@@ -565,11 +590,17 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     o->isa = adamw_isa_detect();
     snprintf(o->slot->device_name, sizeof o->slot->device_name, "cpu %s x%d", adamw_isa_name(o->isa), o->threads);
     o->chunks = malloc(sizeof(int) * (size_t)h->num_chunks);
-    if (!o->chunks)
+    o->chunk_pos = malloc(sizeof(int) * (size_t)h->num_chunks);
+    o->update_pending = calloc((size_t)h->num_chunks, sizeof(bool));
+    if (!o->chunks || !o->chunk_pos || !o->update_pending)
         return sd_err("out of memory");
-    for (int c = 0; c < h->num_chunks; c++)
-        if (ctl_chunk_state(h, c)->owner == o->index)
+    for (int c = 0; c < h->num_chunks; c++) {
+        o->chunk_pos[c] = -1;
+        if (ctl_chunk_state(h, c)->owner == o->index) {
+            o->chunk_pos[c] = o->num_chunks;
             o->chunks[o->num_chunks++] = c;
+        }
+    }
     if (build_items(o) != 0)
         return -1;
     uint32_t most = 1;

@@ -320,6 +320,7 @@ struct sim {
     double *buf_free;
     int next_buf;
     double *version_at, *next_version, *reduced_at;
+    bool *update_pending; /* updating during the backward: complete, not yet updated */
     double h2d_busy, h2d_bytes;
 };
 
@@ -427,6 +428,19 @@ static double buf_ready(const struct sim *s, int b)
     return b >= 0 ? s->buf_free[b] : 0;
 }
 
+/* optimizer/optim.c reduce_step: optimizer k takes its pending updates, lowest-numbered chunk
+ * first, until one runs past `until` (when the next gradient arrives; an update is not
+ * interrupted). */
+static void take_updates(struct sim *s, int k, double until)
+{
+    for (int c = 0; c < s->nc && s->opt_free[k] < until; c++)
+        if (s->update_pending[c] && s->mc->owner[c] == k) {
+            s->opt_free[k] += s->update[c];
+            s->next_version[c] = s->opt_free[k];
+            s->update_pending[c] = false;
+        }
+}
+
 /* worker/pipeline.c io_grads_done and its poster thread: the worker waits for a free slot and
  * queues the copy behind the compute; the poster posts the descriptor once the copy has landed;
  * the owner adds the G ranks' gradients in rank order and frees the slots (we follow the last
@@ -461,6 +475,7 @@ static void grads_done(struct sim *s, int c, int buf, bool last_micro)
         return;
     s->poster = fmax(s->poster, landed + s->wake);
     int k = s->mc->owner[c];
+    take_updates(s, k, s->poster);
     for (int r = 0; r < s->G; r++) {
         double start = s->opt_free[k] >= s->poster ? s->opt_free[k] : s->poster + s->wake;
         s->opt_free[k] = start + s->reduce[c];
@@ -470,10 +485,7 @@ static void grads_done(struct sim *s, int c, int buf, bool last_micro)
     if (!last_micro)
         return;
     s->reduced_at[c] = s->opt_free[k];
-    if (s->during) {
-        s->opt_free[k] += s->update[c];
-        s->next_version[c] = s->opt_free[k];
-    }
+    s->update_pending[c] = s->during;
 }
 
 /* One micro-step in worker/model.c model_train_micro's order of weights/release/grads_done. */
@@ -514,10 +526,13 @@ static void micro_step(struct sim *s, bool first_micro, bool last_micro)
     grads_done(s, 0, 2, last_micro);
 }
 
-/* After the backward: the global norm once every chunk is reduced, then each optimizer updates
- * its chunks in ascending order. Returns the commit time (every chunk at the new version). */
+/* After the backward: updating during it, each optimizer takes the updates still pending;
+ * otherwise the global norm once every chunk is reduced, then each optimizer updates its chunks
+ * in ascending order. Returns the commit time (every chunk at the new version). */
 static double finish_step(struct sim *s)
 {
+    for (int k = 0; k < s->K; k++)
+        take_updates(s, k, INFINITY);
     if (!s->during) {
         double norm = 0;
         for (int c = 0; c < s->nc; c++)
@@ -615,7 +630,8 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     enum { PER_CHUNK = 14 };
     double *arrays = calloc((size_t)nc * PER_CHUNK + (size_t)s.K + (size_t)s.S + (size_t)nc + 2, sizeof(double));
     s.cache = calloc((size_t)s.ncache, sizeof *s.cache);
-    SD_ASSERT(arrays && s.cache);
+    s.update_pending = calloc((size_t)nc, sizeof(bool));
+    SD_ASSERT(arrays && s.cache && s.update_pending);
     double **per_chunk[PER_CHUNK] = {&s.fwd,        &s.bwd,         &s.fetch_fwd,    &s.fetch_bwd, &s.bytes_fwd,
                                      &s.bytes_bwd,  &s.send,        &s.exchange,     &s.offload_out, &s.reduce,
                                      &s.update,     &s.version_at,  &s.next_version, &s.reduced_at};
@@ -733,4 +749,5 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     out->exposed_s = fmax(0, out->step_s - terms[out->bottleneck]);
     free(arrays);
     free(s.cache);
+    free(s.update_pending);
 }
