@@ -43,7 +43,10 @@ struct post {
     bool step_done;     /* mark: the rank's part of `step` is complete */
 };
 
-#define POST_QUEUE 512 /* more than the gradient slots (< RING_CAP) plus the marks between them */
+/* more than the gradient slots (< RING_CAP) plus the marks between them, and fewer than the
+ * copy events (BE_MAX_XFER_SLOTS) */
+#define POST_QUEUE 512
+_Static_assert(POST_QUEUE < BE_MAX_XFER_SLOTS, "a copy's event is not recorded again while its post is queued");
 
 struct worker {
     struct job_shm shm;
@@ -60,6 +63,7 @@ struct worker {
     uint32_t need_version; /* the params version the current pass reads */
 
     int next_grad_slot;
+    int next_direct_event; /* grads_direct: the next copy's completion event */
     uint32_t step, micro;  /* descriptor fields of the current micro-batch */
     uint32_t micro_index;  /* a, the micro-step within the step */
     double loss_sum;       /* masked loss over this rank's micro-steps of the step so far */
@@ -459,8 +463,15 @@ static float *claim_slot(struct worker *w, int si, uint32_t *seq)
 static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count)
 {
     struct ctl_header *h = w->ctl;
-    int si = w->next_grad_slot;
-    w->next_grad_slot = (w->next_grad_slot + 1) % h->grad_slots;
+    /* Straight into the accumulator, the index only names the copy's completion event. The main
+     * thread queues a whole backward's copies before the first lands, so the events cycle through
+     * more than the post queue can hold: none is recorded again before the poster has waited on
+     * it (with the few slots' events, it would wait for a later copy and post in bursts). */
+    int si = h->grads_direct ? w->next_direct_event : w->next_grad_slot;
+    if (h->grads_direct)
+        w->next_direct_event = (w->next_direct_event + 1) % BE_MAX_XFER_SLOTS;
+    else
+        w->next_grad_slot = (w->next_grad_slot + 1) % h->grad_slots;
     struct post post = {.chunk = c,
                         .slot = si,
                         .step = w->step,
@@ -474,6 +485,7 @@ static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64
          * the copy's completion event. */
         host = w->shm.grad_acc + ctl_chunks(h)[c].offset + begin;
         post.direct = true;
+        set_phase(w, PHASE_BACKWARD);
         fault_point("worker_direct_sending");
     } else {
         host = claim_slot(w, si, &post.seq);
