@@ -68,6 +68,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "layers_per_chunk", K_INT, OFF(layers_per_chunk), 0, 1 << 16, NULL, 0},
     {"runtime", "chunk_buffers", K_INT, OFF(chunk_buffers), 0, 1 << 16, NULL, 0},
     {"runtime", "grad_slots", K_INT, OFF(grad_slots), 0, 1 << 16, NULL, 0},
+    {"runtime", "logits_rows", K_INT, OFF(logits_rows), 0, 1 << 24, NULL, 0},
     {"runtime", "activations", K_ENUM, OFF(act_policy), 0, 0, "auto|keep|recompute|offload", 0},
     {"runtime", "param_route", K_ENUM, OFF(param_route), 0, 0, "auto|replicated|sharded", 0},
     {"runtime", "grad_route", K_ENUM, OFF(grad_route), 0, 0, "auto|cpu|gpu", 0},

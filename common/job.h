@@ -63,6 +63,7 @@ struct job_config {
     int layers_per_chunk;    /* 0 = planner */
     int chunk_buffers;       /* GPU chunk ring depth; 0 = planner */
     int grad_slots;          /* host gradient slots per rank; 0 = planner */
+    int logits_rows;         /* rows per cross-entropy chunk; 0 = planner */
     enum act_policy act_policy;
     enum param_route param_route;
     enum grad_route grad_route;

@@ -110,10 +110,12 @@ static double mm_fwd_s(const struct dev *d, double N, double IC, double OC, bool
     return gemm_s(d, N, OC, IC) + (bias ? elem_s(d, ELEM_COPY, N * OC) : 0);
 }
 
-/* dinp = dout @ w ; dw += dout^T @ inp ; dbias += column sums */
+/* dinp = dout @ w ; dw += dout^T @ inp ; dbias += column sums. On a GPU the accumulation reads
+ * and writes the fp32 dw once per call, which a short N (a cross-entropy chunk) does not hide. */
 static double mm_bwd_s(const struct dev *d, double N, double IC, double OC, bool bias)
 {
-    return gemm_s(d, N, IC, OC) + gemm_s(d, OC, IC, N) + (bias ? elem_s(d, ELEM_ADD, N * OC) : 0);
+    double dw_traffic = d->cpu ? 0 : OC * IC * 8 / d->g->mem_bw;
+    return gemm_s(d, N, IC, OC) + gemm_s(d, OC, IC, N) + dw_traffic + (bias ? elem_s(d, ELEM_ADD, N * OC) : 0);
 }
 
 static double layer_fwd_s(const struct dev *d, const struct shape *s)

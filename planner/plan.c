@@ -314,6 +314,31 @@ static int search_optim(struct search *S)
     return 0;
 }
 
+/* Rows per cross-entropy chunk around the best shape, from about 64 MiB of logits up to the whole
+ * micro-batch: each chunk reads and writes the LM head's fp32 weight gradient once, so larger
+ * chunks trade GPU memory (fewer kept activations) for that traffic and for wider GEMMs. */
+static int search_logits(struct search *S)
+{
+    if (S->job->logits_rows > 0)
+        return 0;
+    struct plan tmpl = S->best;
+    struct cand_layout cl;
+    if (cand_layout_build(S->cfg, tmpl.layers_per_chunk, &cl) != 0)
+        return -1;
+    int64_t N = (int64_t)S->job->micro_batch * S->job->seq_len;
+    int64_t row_bytes = (int64_t)S->cfg->vocab_size * (S->job->device == DEVICE_CPU ? 4 : 2);
+    for (int64_t mib = 64;; mib *= 4) {
+        int64_t rows = (mib << 20) / row_bytes;
+        struct plan p = tmpl;
+        p.logits_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
+        consider(S, &p, &cl);
+        if (rows >= N)
+            break;
+    }
+    cand_layout_free(&cl);
+    return 0;
+}
+
 static void fmt_gib(char *buf, size_t len, int64_t bytes)
 {
     snprintf(buf, len, "%.2f GiB", (double)bytes / GIB);
@@ -322,12 +347,13 @@ static void fmt_gib(char *buf, size_t len, int64_t bytes)
 /* Names the forced job.ini choices that bound the memory, for the "nothing fits" error. */
 static void forced_note(const struct job_config *job, char *buf, size_t len)
 {
-    const char *keys[3] = {job->layers_per_chunk > 0 ? "layers_per_chunk" : NULL,
+    const char *keys[4] = {job->layers_per_chunk > 0 ? "layers_per_chunk" : NULL,
                            job->chunk_buffers > 0 ? "chunk_buffers" : NULL,
+                           job->logits_rows > 0 ? "logits_rows" : NULL,
                            job->act_policy == ACT_KEEP ? "activations = keep" : NULL};
     size_t n = 0;
     buf[0] = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (keys[i] && n < len)
             n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? ", " : "; forced in job.ini: ", keys[i]);
 }
@@ -338,12 +364,13 @@ static int search_all(struct search *S, const struct plan *tmpl)
         return -1;
     if (!S->found)
         return 0;
-    if (search_optim(S) != 0)
+    if (search_optim(S) != 0 || search_logits(S) != 0)
         return -1;
     struct plan again = *tmpl;
     again.optim_procs = S->best.optim_procs;
     again.optim_threads = S->best.optim_threads;
     again.grad_slots = S->best.grad_slots;
+    again.logits_rows = S->best.logits_rows;
     return search_shapes(S, &again);
 }
 
@@ -551,9 +578,9 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         .param_route = PARAMS_REPLICATED,
         .grad_route = GRADS_CPU,
     };
-    /* about 64 MiB of logits at a time, as worker/model.c chooses */
+    /* about 64 MiB of logits at a time to start with (search_logits tries more) */
     int64_t N = (int64_t)job->micro_batch * job->seq_len;
-    int64_t rows = ((int64_t)64 << 20) / ((int64_t)cfg->vocab_size * (cpu ? 4 : 2));
+    int64_t rows = job->logits_rows > 0 ? job->logits_rows : ((int64_t)64 << 20) / ((int64_t)cfg->vocab_size * (cpu ? 4 : 2));
     tmpl.logits_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
 
     struct search S;

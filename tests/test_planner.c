@@ -335,6 +335,7 @@ static void test_recompute_as_memory_shrinks(void **state)
     struct job_config job = job_of(DEVICE_CUDA, 1, 4, 1024, 1);
     job.layers_per_chunk = 1;
     job.chunk_buffers = 3;
+    job.logits_rows = 1024; /* else a smaller logits chunk would make room */
     struct plan p;
     struct plan_info info;
     job.gpu_mem = (int64_t)200 << 30;
