@@ -367,6 +367,32 @@ static void test_recompute_as_memory_shrinks(void **state)
     assert_non_null(strstr(sd_errmsg(), "activations = keep"));
 }
 
+/* Updating during the backward, each optimizer takes the lowest-numbered complete chunk first
+ * (optimizer/optim.c reduce_step), so with the optimizer the bottleneck the next forward runs
+ * behind the update instead of after all of it: the step is the update plus what follows its
+ * last chunk (the rest of the forward, the head, the first gradients), under update + forward. Taking the updates in arrival order would put the embedding, which the forward needs
+ * first, last. */
+static void test_update_overlaps_next_forward(void **state)
+{
+    struct model_config cfg = medium();
+    struct job_config job = job_of(DEVICE_CUDA, 1, 8, 2048, 1);
+    job.grad_clip = 0;
+    job.update_mode = UPDATE_DURING_BACKWARD;
+    job.optim_procs = 1;
+    job.optim_threads = 8;
+    job.chunk_buffers = 10; /* every chunk resident: the weights wait only for their update */
+    struct calib cal = test_calib();
+    struct plan p;
+    struct plan_info info;
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
+    double fwd = p.predicted_compute_s / 3; /* the backward does twice the forward's work */
+    printf("# during the backward: step %.4f s, optimizer %.4f s, compute %.4f s (forward ~%.4f s)\n",
+           p.predicted_step_s, p.predicted_optim_s, p.predicted_compute_s, fwd);
+    assert_int_equal(p.bottleneck, BOTTLENECK_OPTIM);
+    assert_true(p.predicted_step_s >= p.predicted_optim_s);
+    assert_true(p.predicted_step_s < p.predicted_optim_s + fwd); /* arrival order: 0.1387 s here */
+}
+
 static void test_smallest_budget_fits(void **state)
 {
     struct model_config cfg = medium();
@@ -661,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_bytes_per_pass),
         cmocka_unit_test(test_memory_footprint),
         cmocka_unit_test(test_recompute_as_memory_shrinks),
+        cmocka_unit_test(test_update_overlaps_next_forward),
         cmocka_unit_test(test_smallest_budget_fits),
         cmocka_unit_test(test_explicit_choices),
         cmocka_unit_test(test_bottleneck),
