@@ -32,6 +32,9 @@ log() { echo "$*" | tee -a "$out/summary.log"; }
             'includedir=/usr/include/x86_64-linux-gnu/openblas-pthread' 'Name: openblas' 'Description: OpenBLAS' \
             'Version: 0.3' 'Libs: -L${libdir} -lopenblas' 'Cflags: -I${includedir}' > "$pc/openblas.pc"
     fi
+    # cuDNN's header from .gpudeps/cudnn/include (a copy of this machine's) when the host has none
+    [ -f /usr/local/cuda/include/cudnn_graph.h ] || [ ! -d "$deps/cudnn/include" ] ||
+        export CPATH=$deps/cudnn/include${CPATH:+:$CPATH}
     sh "$deps/build.sh" "$deps" "$build"
 } > "$out/build.log" 2>&1
 if [ ! -x "$build/slidedp-launch" ] || [ ! -x "$build/bench/bench_attention" ]; then
@@ -40,6 +43,9 @@ fi
 export PATH=$sysroot/usr/bin:$PATH
 export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu:$sysroot/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SD_BUILD=$root/$build SD_SOURCE=$root OPENBLAS_NUM_THREADS=1
+# cuDNN (attention): the library PyTorch installed, when there is no system one
+cudnn_lib=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
+[ -n "$cudnn_lib" ] && export LD_LIBRARY_PATH=$cudnn_lib:$LD_LIBRARY_PATH
 log "built $build ($(grep -c . "$out/build.log") log lines)"
 
 

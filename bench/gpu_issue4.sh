@@ -8,6 +8,8 @@
 #   sh .gpudeps/fetch-debs.sh .gpudeps
 #   (cd .gpudeps/extra && apt-get download pkgconf pkgconf-bin libpkgconf3 libopenblas0-pthread \
 #       libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5)   # used only if the host lacks them
+#   mkdir -p .gpudeps/cudnn/include && cp /usr/local/cuda/include/cudnn*.h .gpudeps/cudnn/include/
+#       # cuDNN's header, used if the host lacks it (the library comes with PyTorch there)
 . bench/gpu_build.sh
 
 # ---- correctness ----
@@ -47,9 +49,10 @@ timeout 100 "$build/bench/bench_layer" >> "$out/bench.log" 2>&1 || log "bench_la
 timeout 150 python3 bench/torch_ops.py >> "$out/bench.log" 2>&1 || log "torch_ops.py failed"
 grep -v '^RESULT' "$out/bench.log" | tee -a "$out/summary.log"
 
-# kernel profiles of one launch of each attention kernel (B=2, T=4096), when ncu is there
+# with NCU=1 and ncu there: kernel profiles of one launch of each built-in attention kernel (B=2,
+# T=4096; run with SLIDEDP_ATTENTION=builtin, else cuDNN's kernels run instead)
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$ncu" ]; then
+if [ -n "$ncu" ] && [ -n "${NCU:-}" ]; then
     for k in attn_fwd_kernel attn_bwd_dkdv_kernel attn_bwd_dq_kernel; do
         timeout 120 "$ncu" --clock-control none -k "regex:$k" -c 1 --section SpeedOfLight --section Occupancy \
             --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \

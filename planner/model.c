@@ -234,9 +234,11 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
     out->logits = al((int64_t)mc->plan->logits_rows * V * act, a);
     out->misc = 5 * al(N * 4, a) + 2 * al(T * (D / 2) * 4, a); /* tokens, targets, correct, row_scale, loss */
     /* CPU: the attention backward's double scratch. CUDA: the cuBLASLt workspace (32 MiB), the
-     * conversion staging (16 MiB) and the op scratch, the larger of the attention backward's row
-     * sums and the rmsnorm weight-gradient partials (at most 2 x 132 SMs slices of C) */
-    int64_t op_scratch = N * cfg->num_heads * 4 > 264 * C * 4 ? N * cfg->num_heads * 4 : 264 * C * 4;
+     * conversion staging (16 MiB) and the op scratch, the larger of the attention backward's
+     * (cuDNN's: its workspace, about the size of its fp32 dQ accumulator, the accumulator and the
+     * row sums) and the rmsnorm weight-gradient partials (at most 2 x 132 SMs slices of C) */
+    int64_t attn_scratch = 2 * N * q * 4 + N * cfg->num_heads * 4 + ((int64_t)1 << 20);
+    int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;
     out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)48 << 20) + al(op_scratch, a);
     int G = job->gpus;
     /* the exchange window (worker/pipeline.c) and, for GPU-side gradients, the shard sums */

@@ -332,6 +332,13 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
     SD_ASSERT(Hkv > 0 && Hq % Hkv == 0);
     SD_ASSERT(cuda_aligned16(dq) && cuda_aligned16(dk) && cuda_aligned16(dv) && cuda_aligned16(dout) &&
               cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
+#ifdef SD_HAVE_CUDNN
+    if (struct cudnn_sdpa *p = cudnn_sdpa_plan(1, B, T, Hq, Hkv, D)) {
+        cudnn_sdpa_bwd(p, cuda_ctx_of(be)->compute, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), dq, dk, dv, dout,
+                       q, k, v, out, lse);
+        return;
+    }
+#endif
     bf16 *a = (bf16 *)dq, *bk = (bf16 *)dk, *bv = (bf16 *)dv;
     const bf16 *go = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v,
                *oo = (const bf16 *)out;

@@ -11,6 +11,9 @@
 #pragma once
 
 #include "cuda_common.cuh"
+#ifdef SD_HAVE_CUDNN
+#include "attention_cudnn.h"
+#endif
 
 /* Shared-memory rows are padded by 16 bytes so that the 8 rows one ldmatrix reads fall in
  * different banks. */

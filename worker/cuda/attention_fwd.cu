@@ -195,6 +195,12 @@ void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q
     SD_ASSERT(Hkv > 0 && Hq % Hkv == 0);
     SD_ASSERT(cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
     cudaStream_t st = cuda_ctx_of(be)->compute;
+#ifdef SD_HAVE_CUDNN
+    if (struct cudnn_sdpa *p = cudnn_sdpa_plan(0, B, T, Hq, Hkv, D)) {
+        cudnn_sdpa_fwd(p, st, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), out, lse, q, k, v);
+        return;
+    }
+#endif
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     switch (D) {

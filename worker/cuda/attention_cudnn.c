@@ -1,0 +1,545 @@
+/* cuDNN fused flash attention (see attention_cudnn.h). The library is loaded with dlopen so the
+ * worker builds and runs without it; the graphs are the composite causal SDPA that cuDNN's
+ * runtime-fusion engines recognise (the pattern cudnn-frontend lowers its SDPA nodes to):
+ *
+ *   forward   S = Q K^T * scale, causal mask (row index >= column index, else -FLT_MAX),
+ *             m = rowmax S, e = exp(S - m), l = rowsum e, lse = m + log l, O = (e / l) V
+ *   backward  D = rowsum(dO * O), P = exp(S - lse) masked, dV = P^T dO, dS = P (dO V^T - D) scale,
+ *             dK = dS^T Q, dQ = dS K (fp32 accumulator, then bf16)
+ *
+ * With grouped KV heads the matmuls broadcast K and V over each group, and dK, dV are the group
+ * sums of full-head results. Every tensor is (B,T,H,D) row-major in memory, described as dims
+ * (B,H,T,D) with strides (T*H*D, D, H*D, 1). */
+#include "attention_cudnn.h"
+
+#include <cudnn_graph.h>
+#include <dlfcn.h>
+#include <float.h>
+#include <glob.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the library ---- */
+
+static struct {
+    void *lib;
+    cudnnHandle_t handle;
+    typeof(&cudnnGetVersion) version;
+    typeof(&cudnnGetErrorString) error_string;
+    typeof(&cudnnGetLastErrorString) last_error;
+    typeof(&cudnnCreate) create;
+    typeof(&cudnnSetStream) set_stream;
+    typeof(&cudnnBackendCreateDescriptor) create_desc;
+    typeof(&cudnnBackendDestroyDescriptor) destroy_desc;
+    typeof(&cudnnBackendSetAttribute) set_attr;
+    typeof(&cudnnBackendGetAttribute) get_attr;
+    typeof(&cudnnBackendFinalize) finalize;
+    typeof(&cudnnBackendExecute) execute;
+} dnn;
+
+static pthread_once_t dnn_once = PTHREAD_ONCE_INIT;
+static bool dnn_ready;
+
+/* libcudnn_graph.so.9 from SLIDEDP_CUDNN_LIB (the file or its directory), the loader's path, or a
+ * Python wheel (nvidia-cudnn-cu12/13, as PyTorch installs it). */
+static void *open_cudnn(void)
+{
+    const char *name = "libcudnn_graph.so.9", *env = getenv("SLIDEDP_CUDNN_LIB");
+    char path[4096];
+    void *lib = NULL;
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s%s", env, strstr(env, ".so") ? "" : "/libcudnn_graph.so.9");
+        if ((lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL)))
+            return lib;
+    }
+    if ((lib = dlopen(name, RTLD_NOW | RTLD_GLOBAL)))
+        return lib;
+    static const char *wheels[] = {"/usr/local/lib/python3*/dist-packages/nvidia/cudnn/lib/libcudnn_graph.so.9",
+                                   "/usr/local/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_graph.so.9",
+                                   "/usr/lib/python3*/dist-packages/nvidia/cudnn/lib/libcudnn_graph.so.9",
+                                   "/opt/conda/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_graph.so.9"};
+    for (size_t i = 0; i < sizeof wheels / sizeof wheels[0] && !lib; i++) {
+        glob_t g;
+        if (glob(wheels[i], 0, NULL, &g) == 0 && g.gl_pathc > 0)
+            lib = dlopen(g.gl_pathv[g.gl_pathc - 1], RTLD_NOW | RTLD_GLOBAL);
+        globfree(&g);
+    }
+    return lib;
+}
+
+static void dnn_load(void)
+{
+    const char *mode = getenv("SLIDEDP_ATTENTION");
+    if (mode && strcmp(mode, "builtin") == 0)
+        return;
+    if (!(dnn.lib = open_cudnn()))
+        return;
+#define SYM(field, name)                                                                                   \
+    if (!(*(void **)&dnn.field = dlsym(dnn.lib, name)))                                                    \
+        return;
+    SYM(version, "cudnnGetVersion")
+    SYM(error_string, "cudnnGetErrorString")
+    SYM(last_error, "cudnnGetLastErrorString")
+    SYM(create, "cudnnCreate")
+    SYM(set_stream, "cudnnSetStream")
+    SYM(create_desc, "cudnnBackendCreateDescriptor")
+    SYM(destroy_desc, "cudnnBackendDestroyDescriptor")
+    SYM(set_attr, "cudnnBackendSetAttribute")
+    SYM(get_attr, "cudnnBackendGetAttribute")
+    SYM(finalize, "cudnnBackendFinalize")
+    SYM(execute, "cudnnBackendExecute")
+#undef SYM
+    /* the composite graphs need cuDNN 9's runtime fusion of causal SDPA */
+    if (dnn.version() < 90000 || dnn.create(&dnn.handle) != CUDNN_STATUS_SUCCESS)
+        return;
+    dnn_ready = true;
+}
+
+/* ---- graph building: every descriptor made is kept and destroyed with the graph ---- */
+
+#define MAX_DESCS 160
+#define MAX_OPS 40
+
+struct graph {
+    cudnnBackendDescriptor_t descs[MAX_DESCS], ops[MAX_OPS];
+    int ndescs, nops;
+    bool failed;
+    char why[256];
+};
+
+/* Records the first failure (what, and cuDNN's own message). */
+static bool check(struct graph *g, cudnnStatus_t s, const char *what)
+{
+    if (s == CUDNN_STATUS_SUCCESS || g->failed)
+        return s == CUDNN_STATUS_SUCCESS && !g->failed;
+    char last[160] = "";
+    dnn.last_error(last, sizeof last);
+    snprintf(g->why, sizeof g->why, "%s: %s%s%s", what, dnn.error_string(s), *last ? ": " : "", last);
+    g->failed = true;
+    return false;
+}
+
+static cudnnBackendDescriptor_t make(struct graph *g, cudnnBackendDescriptorType_t type)
+{
+    cudnnBackendDescriptor_t d = NULL;
+    if (g->failed || g->ndescs == MAX_DESCS || !check(g, dnn.create_desc(type, &d), "create descriptor"))
+        return NULL;
+    g->descs[g->ndescs++] = d;
+    return d;
+}
+
+static void set(struct graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                cudnnBackendAttributeType_t type, int64_t n, const void *value)
+{
+    if (!g->failed)
+        check(g, dnn.set_attr(d, name, type, n, value), "set attribute");
+}
+
+static void done(struct graph *g, cudnnBackendDescriptor_t d, const char *what)
+{
+    if (!g->failed)
+        check(g, dnn.finalize(d), what);
+}
+
+static void graph_free(struct graph *g)
+{
+    while (g->ndescs > 0)
+        dnn.destroy_desc(g->descs[--g->ndescs]);
+}
+
+enum { VIRTUAL = 1, BY_VALUE = 2 };
+
+#define DIMS(a, b, c, d) ((const int64_t[4]){(a), (b), (c), (d)})
+static const int64_t SCALAR[4] = {1, 1, 1, 1};
+
+static cudnnBackendDescriptor_t tensor(struct graph *g, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
+                                       const int64_t strides[4], int flags)
+{
+    cudnnBackendDescriptor_t t = make(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    int64_t align = 16;
+    bool is_virtual = flags & VIRTUAL, by_value = flags & BY_VALUE;
+    set(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    set(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+    set(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
+    set(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
+    set(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+    set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
+    set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    done(g, t, "tensor");
+    return t;
+}
+
+static void add_op(struct graph *g, cudnnBackendDescriptor_t op, const char *what)
+{
+    done(g, op, what);
+    if (!g->failed && g->nops < MAX_OPS)
+        g->ops[g->nops++] = op;
+    else if (!g->failed)
+        check(g, CUDNN_STATUS_INTERNAL_ERROR, "too many operations");
+}
+
+/* y = mode(x [, b [, t]]) in fp32 unless prec says otherwise; axis only for GEN_INDEX. */
+static void pointwise(struct graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec, int64_t axis,
+                      cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t,
+                      cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t pw = make(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    set(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    if (mode == CUDNN_POINTWISE_GEN_INDEX)
+        set(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    done(g, pw, "pointwise");
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    float one = 1.0f;
+    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
+    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
+    if (b)
+        set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    if (t)
+        set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
+    add_op(g, op, "pointwise operation");
+}
+
+static void pw(struct graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+               cudnnBackendDescriptor_t y)
+{
+    pointwise(g, mode, CUDNN_DATA_FLOAT, -1, x, b, NULL, y);
+}
+
+/* c = a @ b over the last two dims; the batch dims broadcast (b's heads divide a's). */
+static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
+{
+    cudnnBackendDescriptor_t mm = make(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    double pad = 0.0;
+    set(g, mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+    set(g, mm, CUDNN_ATTR_MATMUL_PADDING_VALUE, CUDNN_TYPE_DOUBLE, 1, &pad);
+    done(g, mm, "matmul");
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
+    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
+    add_op(g, op, "matmul operation");
+}
+
+static void reduce(struct graph *g, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t rd = make(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    set(g, rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+    set(g, rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
+    if (dnn.version() >= 91100) { /* the attribute's first version; cudnn-frontend sets it so */
+        bool deterministic = false;
+        set(g, rd, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic);
+    }
+    done(g, rd, "reduction");
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd);
+    add_op(g, op, "reduction operation");
+}
+
+static void reshape(struct graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    add_op(g, op, "reshape operation");
+}
+
+/* the variant packs' tensor ids */
+enum { U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_ONE, U_NEG, U_ROWSUM, U_DQ_ACC };
+
+struct cudnn_sdpa {
+    int bwd, B, T, Hq, Hkv, D;
+    bool usable;
+    cudnnBackendDescriptor_t plan;
+    int64_t workspace;
+    struct graph g;
+};
+
+/* Scores x masked causally: x where row >= column, else -FLT_MAX (tensor uids uid..uid+3). */
+static cudnnBackendDescriptor_t causal(struct graph *g, cudnnBackendDescriptor_t x, int64_t uid, const int64_t *sd,
+                                       const int64_t *ss, cudnnBackendDescriptor_t neg)
+{
+    cudnnBackendDescriptor_t row = tensor(g, uid, CUDNN_DATA_INT32, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t col = tensor(g, uid + 1, CUDNN_DATA_INT32, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t keep = tensor(g, uid + 2, CUDNN_DATA_BOOLEAN, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t out = tensor(g, uid + 3, CUDNN_DATA_FLOAT, sd, ss, VIRTUAL);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, x, NULL, NULL, row);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, x, NULL, NULL, col);
+    pointwise(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, -1, row, col, NULL, keep);
+    pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, -1, x, neg, keep, out);
+    return out;
+}
+
+static void build_fwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D)
+{
+    const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+    const int64_t *sd = DIMS(B, H, T, T), *ss = DIMS(H * T * T, T * T, T, 1);
+    const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1);
+    cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, DIMS(B, H, T, D), DIMS(T * H * D, D, H * D, 1), 0);
+    cudnnBackendDescriptor_t kt = tensor(g, U_K, BF, DIMS(B, HK, D, T), DIMS(T * HK * D, D, 1, HK * D), 0);
+    cudnnBackendDescriptor_t v = tensor(g, U_V, BF, DIMS(B, HK, T, D), DIMS(T * HK * D, D, HK * D, 1), 0);
+    cudnnBackendDescriptor_t o = tensor(g, U_O, BF, DIMS(B, H, T, D), DIMS(T * H * D, D, H * D, 1), 0);
+    cudnnBackendDescriptor_t lse = tensor(g, U_LSE, F, rd, rs, 0);
+    cudnnBackendDescriptor_t scale = tensor(g, U_SCALE, F, SCALAR, SCALAR, BY_VALUE);
+    cudnnBackendDescriptor_t neg = tensor(g, U_NEG, F, SCALAR, SCALAR, BY_VALUE);
+
+    cudnnBackendDescriptor_t s = tensor(g, 101, F, sd, ss, VIRTUAL), s_scaled = tensor(g, 102, F, sd, ss, VIRTUAL);
+    matmul(g, q, kt, s);
+    pw(g, CUDNN_POINTWISE_MUL, s, scale, s_scaled);
+    cudnnBackendDescriptor_t s_masked = causal(g, s_scaled, 103, sd, ss, neg);
+    cudnnBackendDescriptor_t mx = tensor(g, 107, F, rd, rs, VIRTUAL), sub = tensor(g, 108, F, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t e = tensor(g, 109, F, sd, ss, VIRTUAL), sum = tensor(g, 110, F, rd, rs, VIRTUAL);
+    cudnnBackendDescriptor_t lg = tensor(g, 111, F, rd, rs, VIRTUAL), p = tensor(g, 112, BF, sd, ss, VIRTUAL);
+    reduce(g, CUDNN_REDUCE_TENSOR_MAX, s_masked, mx);
+    pw(g, CUDNN_POINTWISE_SUB, s_masked, mx, sub);
+    pw(g, CUDNN_POINTWISE_EXP, sub, NULL, e);
+    reduce(g, CUDNN_REDUCE_TENSOR_ADD, e, sum);
+    pw(g, CUDNN_POINTWISE_LOG, sum, NULL, lg);
+    pw(g, CUDNN_POINTWISE_ADD, mx, lg, lse);
+    pw(g, CUDNN_POINTWISE_DIV, e, sum, p);
+    matmul(g, p, v, o);
+}
+
+static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D)
+{
+    const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+    const int64_t *sd = DIMS(B, H, T, T), *ss = DIMS(H * T * T, T * T, T, 1), *sst = DIMS(H * T * T, T * T, 1, T);
+    const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1);
+    const int64_t *qd = DIMS(B, H, T, D), *qs = DIMS(T * H * D, D, H * D, 1);
+    const int64_t *kd = DIMS(B, HK, T, D), *ks = DIMS(T * HK * D, D, HK * D, 1);
+    const int64_t *ktd = DIMS(B, HK, D, T), *kts = DIMS(T * HK * D, D, 1, HK * D);
+    const int64_t *fs = DIMS(H * T * D, T * D, D, 1); /* packed (B,H,T,D) */
+    cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, qd, qs, 0), kt = tensor(g, U_K, BF, ktd, kts, 0);
+    cudnnBackendDescriptor_t vt = tensor(g, U_V, BF, ktd, kts, 0), o = tensor(g, U_O, BF, qd, qs, 0);
+    cudnnBackendDescriptor_t dout = tensor(g, U_DO, BF, qd, qs, 0), lse = tensor(g, U_LSE, F, rd, rs, 0);
+    cudnnBackendDescriptor_t dq = tensor(g, U_DQ, BF, qd, qs, 0), dk = tensor(g, U_DK, BF, kd, ks, 0);
+    cudnnBackendDescriptor_t dv = tensor(g, U_DV, BF, kd, ks, 0);
+    cudnnBackendDescriptor_t scale = tensor(g, U_SCALE, F, SCALAR, SCALAR, BY_VALUE);
+    cudnnBackendDescriptor_t one = tensor(g, U_ONE, F, SCALAR, SCALAR, BY_VALUE);
+    cudnnBackendDescriptor_t neg = tensor(g, U_NEG, F, SCALAR, SCALAR, BY_VALUE);
+    cudnnBackendDescriptor_t rowsum = tensor(g, U_ROWSUM, F, rd, rs, 0);
+    cudnnBackendDescriptor_t dq_acc = tensor(g, U_DQ_ACC, F, qd, fs, 0);
+
+    /* D = rowsum(dO * O) into the row-sum scratch */
+    cudnnBackendDescriptor_t doo = tensor(g, 201, F, qd, DIMS(H * T * D, T * D, H * D, 1), VIRTUAL);
+    cudnnBackendDescriptor_t dsum = tensor(g, 202, F, rd, rs, VIRTUAL);
+    pw(g, CUDNN_POINTWISE_MUL, dout, o, doo);
+    reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, dsum);
+    pw(g, CUDNN_POINTWISE_MUL, dsum, one, rowsum);
+
+    /* P = exp(S * scale - lse), causal */
+    cudnnBackendDescriptor_t s = tensor(g, 203, F, sd, ss, VIRTUAL), s_scaled = tensor(g, 204, F, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t s_shift = tensor(g, 205, F, sd, ss, VIRTUAL);
+    matmul(g, q, kt, s);
+    pw(g, CUDNN_POINTWISE_MUL, s, scale, s_scaled);
+    pw(g, CUDNN_POINTWISE_SUB, s_scaled, lse, s_shift);
+    cudnnBackendDescriptor_t s_masked = causal(g, s_shift, 206, sd, ss, neg);
+    cudnnBackendDescriptor_t p = tensor(g, 210, F, sd, ss, VIRTUAL);
+    pw(g, CUDNN_POINTWISE_EXP, s_masked, NULL, p);
+
+    /* dV = P^T dO, summed over each KV head's group */
+    cudnnBackendDescriptor_t pt = tensor(g, 211, BF, sd, sst, VIRTUAL);
+    reshape(g, p, pt);
+    if (H == HK) {
+        matmul(g, pt, dout, dv);
+    } else {
+        cudnnBackendDescriptor_t dv_full = tensor(g, 212, BF, qd, fs, VIRTUAL);
+        matmul(g, pt, dout, dv_full);
+        reduce(g, CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
+    }
+
+    /* dS = P * (dO V^T - D) * scale */
+    cudnnBackendDescriptor_t dp = tensor(g, 213, F, sd, ss, VIRTUAL), dp_d = tensor(g, 214, F, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t dp_p = tensor(g, 215, F, sd, ss, VIRTUAL), ds = tensor(g, 216, F, sd, ss, VIRTUAL);
+    matmul(g, dout, vt, dp);
+    pw(g, CUDNN_POINTWISE_SUB, dp, rowsum, dp_d);
+    pw(g, CUDNN_POINTWISE_MUL, dp_d, p, dp_p);
+    pw(g, CUDNN_POINTWISE_MUL, dp_p, scale, ds);
+
+    /* dK = dS^T Q, summed over the group */
+    cudnnBackendDescriptor_t dst = tensor(g, 217, BF, sd, sst, VIRTUAL);
+    reshape(g, ds, dst);
+    if (H == HK) {
+        matmul(g, dst, q, dk);
+    } else {
+        cudnnBackendDescriptor_t dk_full = tensor(g, 218, BF, qd, fs, VIRTUAL);
+        matmul(g, dst, q, dk_full);
+        reduce(g, CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
+    }
+
+    /* dQ = dS K through the fp32 accumulator */
+    cudnnBackendDescriptor_t k = tensor(g, 219, F, kd, ks, VIRTUAL);
+    reshape(g, kt, k);
+    matmul(g, ds, k, dq_acc);
+    pw(g, CUDNN_POINTWISE_IDENTITY, dq_acc, NULL, dq);
+}
+
+/* The operation graph, then the first engine config of the heuristics (mode A, else fallback)
+ * whose execution plan finalizes. */
+static void make_plan(struct cudnn_sdpa *p)
+{
+    struct graph *g = &p->g;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* still how a graph binds to a handle */
+    const cudnnBackendAttributeName_t graph_handle = CUDNN_ATTR_OPERATIONGRAPH_HANDLE;
+    const cudnnBackendAttributeName_t plan_handle = CUDNN_ATTR_EXECUTION_PLAN_HANDLE;
+#pragma GCC diagnostic pop
+    cudnnBackendDescriptor_t opgraph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(g, opgraph, graph_handle, CUDNN_TYPE_HANDLE, 1, &dnn.handle);
+    set(g, opgraph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops);
+    done(g, opgraph, "operation graph");
+    const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    for (int m = 0; m < 2 && !g->failed; m++) {
+        cudnnBackendDescriptor_t heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+        set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &opgraph);
+        set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
+        if (g->failed || dnn.finalize(heur) != CUDNN_STATUS_SUCCESS)
+            continue;
+        int64_t n = 0;
+        if (dnn.get_attr(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, NULL) !=
+                CUDNN_STATUS_SUCCESS ||
+            n <= 0)
+            continue;
+        cudnnBackendDescriptor_t cfgs[8];
+        n = n < 8 ? n : 8;
+        for (int64_t i = 0; i < n; i++)
+            cfgs[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+        if (g->failed ||
+            dnn.get_attr(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &n, cfgs) !=
+                CUDNN_STATUS_SUCCESS)
+            continue;
+        for (int64_t i = 0; i < n; i++) {
+            cudnnBackendDescriptor_t plan = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+            set(g, plan, plan_handle, CUDNN_TYPE_HANDLE, 1, &dnn.handle);
+            set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
+            if (g->failed || dnn.finalize(plan) != CUDNN_STATUS_SUCCESS)
+                continue;
+            int64_t got;
+            if (!check(g, dnn.get_attr(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
+                                       &p->workspace),
+                       "workspace size"))
+                return;
+            p->plan = plan;
+            return;
+        }
+    }
+    if (!g->failed)
+        snprintf(g->why, sizeof g->why, "no engine takes the graph");
+    g->failed = true;
+}
+
+/* ---- plans per shape ---- */
+
+#define MAX_PLANS 32
+static struct cudnn_sdpa plans[MAX_PLANS];
+static int nplans;
+static pthread_mutex_t plans_mu = PTHREAD_MUTEX_INITIALIZER;
+
+struct cudnn_sdpa *cudnn_sdpa_plan(int bwd, int B, int T, int Hq, int Hkv, int D)
+{
+    pthread_once(&dnn_once, dnn_load);
+    /* 16-byte rows for the tensor-core loads; head_dim up to 128 for the backward engines */
+    if (!dnn_ready || D % 8 != 0 || D > 128 || Hkv <= 0 || Hq % Hkv != 0)
+        return NULL;
+    pthread_mutex_lock(&plans_mu);
+    struct cudnn_sdpa *p = NULL;
+    for (int i = 0; i < nplans && !p; i++)
+        if (plans[i].bwd == bwd && plans[i].B == B && plans[i].T == T && plans[i].Hq == Hq && plans[i].Hkv == Hkv &&
+            plans[i].D == D)
+            p = &plans[i];
+    if (!p && nplans < MAX_PLANS) {
+        p = &plans[nplans++];
+        *p = (struct cudnn_sdpa){.bwd = bwd, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .D = D};
+        if (bwd)
+            build_bwd(&p->g, B, T, Hq, Hkv, D);
+        else
+            build_fwd(&p->g, B, T, Hq, Hkv, D);
+        make_plan(p);
+        p->usable = !p->g.failed;
+        static bool said;
+        if (p->usable && !said && getenv("SLIDEDP_VERBOSE_ATTENTION")) {
+            fprintf(stderr, "cuda attention: cuDNN %zu fused flash attention\n", dnn.version());
+            said = true;
+        }
+        if (!p->usable) {
+            fprintf(stderr, "cuda attention: cuDNN %zu has no %s plan for B=%d T=%d heads %d/%d dim %d (%s); using "
+                            "the built-in kernel\n",
+                    dnn.version(), bwd ? "backward" : "forward", B, T, Hq, Hkv, D, p->g.why);
+            graph_free(&p->g);
+        }
+    }
+    pthread_mutex_unlock(&plans_mu);
+    return p && p->usable ? p : NULL;
+}
+
+#define ALIGN_UP(x) (((x) + 255) & ~(size_t)255)
+
+/* backward scratch: workspace, then the fp32 dQ accumulator (B,H,T,D), then the row sums (B,H,T) */
+static size_t dq_acc_bytes(const struct cudnn_sdpa *p)
+{
+    return (size_t)p->B * p->T * p->Hq * p->D * sizeof(float);
+}
+
+size_t cudnn_sdpa_scratch_bytes(const struct cudnn_sdpa *p)
+{
+    size_t ws = ALIGN_UP((size_t)p->workspace);
+    if (!p->bwd)
+        return ws ? ws : 256;
+    return ws + ALIGN_UP(dq_acc_bytes(p)) + ALIGN_UP((size_t)p->B * p->T * p->Hq * sizeof(float));
+}
+
+static void execute(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, int n, const int64_t *uids, void **ptrs)
+{
+    struct graph g = {0};
+    cudnnBackendDescriptor_t pack = make(&g, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    set(&g, pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+    set(&g, pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+    set(&g, pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    done(&g, pack, "variant pack");
+    check(&g, dnn.set_stream(dnn.handle, st), "set stream");
+    check(&g, dnn.execute(dnn.handle, p->plan, pack), "execute");
+    graph_free(&g);
+    if (g.failed) {
+        fprintf(stderr, "cuda attention: cuDNN %s: %s\n", p->bwd ? "backward" : "forward", g.why);
+        abort();
+    }
+}
+
+void cudnn_sdpa_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, void *out, float *lse, const void *q,
+                    const void *k, const void *v)
+{
+    float scale = 1.0f / sqrtf((float)p->D), neg = -FLT_MAX;
+    const int64_t uids[] = {U_Q, U_K, U_V, U_O, U_LSE, U_SCALE, U_NEG};
+    void *ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &scale, &neg};
+    execute(p, st, scratch, 7, uids, ptrs);
+}
+
+void cudnn_sdpa_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, void *dq, void *dk, void *dv,
+                    const void *dout, const void *q, const void *k, const void *v, const void *out, const float *lse)
+{
+    char *dq_acc = (char *)scratch + ALIGN_UP((size_t)p->workspace);
+    char *rowsum = dq_acc + ALIGN_UP(dq_acc_bytes(p));
+    /* the accumulator starts from zero (the scratch is shared with other ops) */
+    if (cudaMemsetAsync(dq_acc, 0, dq_acc_bytes(p), st) != cudaSuccess) {
+        fprintf(stderr, "cuda attention: cudaMemsetAsync failed\n");
+        abort();
+    }
+    float scale = 1.0f / sqrtf((float)p->D), one = 1.0f, neg = -FLT_MAX;
+    const int64_t uids[] = {U_Q, U_K, U_V, U_O, U_DO, U_LSE, U_DQ, U_DK, U_DV, U_SCALE, U_ONE, U_NEG, U_ROWSUM, U_DQ_ACC};
+    void *ptrs[] = {(void *)q, (void *)k,    (void *)v, (void *)out, (void *)dout, (void *)lse, dq,
+                    dk,        dv,           &scale,    &one,        &neg,         rowsum,      dq_acc};
+    execute(p, st, scratch, 14, uids, ptrs);
+}
