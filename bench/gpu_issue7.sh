@@ -41,11 +41,13 @@ for mem in auto 24G; do
         run "mb${mb}_$mem" train.micro_batch=$mb runtime.gpu_mem=$mem
     done
 done
-# hand-written alternatives to the planner's choice at micro_batch 2, gpu_mem 24G
-run alt_stream3 train.micro_batch=2 runtime.gpu_mem=24G runtime.chunk_buffers=3
-run alt_recompute train.micro_batch=2 runtime.gpu_mem=24G runtime.activations=recompute
-run alt_optim1x14 train.micro_batch=2 runtime.gpu_mem=24G runtime.optim_procs=1 runtime.optim_threads=14
-run alt_lpc4 train.micro_batch=2 runtime.gpu_mem=24G runtime.layers_per_chunk=4
+# hand-written alternatives to the planner's choice at micro_batch 2, gpu_mem 24G (NO_ALTS=1: none)
+if [ -z "${NO_ALTS:-}" ]; then
+    run alt_stream3 train.micro_batch=2 runtime.gpu_mem=24G runtime.chunk_buffers=3
+    run alt_recompute train.micro_batch=2 runtime.gpu_mem=24G runtime.activations=recompute
+    run alt_optim1x14 train.micro_batch=2 runtime.gpu_mem=24G runtime.optim_procs=1 runtime.optim_threads=14
+    run alt_lpc4 train.micro_batch=2 runtime.gpu_mem=24G runtime.layers_per_chunk=4
+fi
 python3 - "$out/issue7.results" <<'PY' | tee -a "$out/summary.log"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

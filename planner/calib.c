@@ -21,9 +21,10 @@
 #include "shm/futex.h"
 #include "worker/backend.h"
 
-/* One H200: PCIe and GEMM from DESIGN §10; attention is this backend's own kernels as
- * bench/NOTES_issue4.md measured them (FLOPs counted causal, backward 2.5x forward), well below
- * PyTorch's SDPA (524 / 437 TFLOP/s in DESIGN §10); the rest are estimates. */
+/* One H200: PCIe and GEMM from DESIGN §10; attention is cuDNN's fused kernels through this
+ * backend as bench/NOTES_issue4.md measured them at B=2 T=4096 (FLOPs counted causal, backward
+ * 2.5x forward; the built-in kernels, used where cuDNN does not load, reach 290 / 230); the rest
+ * are estimates. */
 #define GPU_FIELD(name, assumed, unit) {#name, offsetof(struct calib_gpu, name), assumed, unit}
 const struct calib_gpu_field calib_gpu_fields[] = {
     GPU_FIELD(h2d_bw, 54e9, "B/s"),
@@ -32,8 +33,8 @@ const struct calib_gpu_field calib_gpu_fields[] = {
     GPU_FIELD(p2p_bw, 42e9, "B/s"),
     GPU_FIELD(gemm_flops, 750e12, "FLOP/s"),
     GPU_FIELD(gemm_small_flops, 200e12, "FLOP/s"),
-    GPU_FIELD(attn_fwd_flops, 290e12, "FLOP/s"),
-    GPU_FIELD(attn_fwdbwd_flops, 230e12, "FLOP/s"),
+    GPU_FIELD(attn_fwd_flops, 510e12, "FLOP/s"),
+    GPU_FIELD(attn_fwdbwd_flops, 440e12, "FLOP/s"),
     GPU_FIELD(mem_bw, 3.0e12, "B/s"),
     GPU_FIELD(launch_s, 5e-6, "s"),
     GPU_FIELD(mem_bytes, 80.0 * (1ull << 30), "B"),
