@@ -17,6 +17,10 @@ timeout 150 "$build/tests/test_backend_ops" > "$out/test_backend_ops.log" 2>&1
 log "test_backend_ops exit $? : $(grep -E '^# [0-9]+ failures' "$out/test_backend_ops.log" | tr '\n' ' ')"
 grep -E '^# (worst|cuda device|candidate)' "$out/test_backend_ops.log" | tee -a "$out/summary.log"
 grep -E 'FAILED|NOT BIT|skipped|modified|guard' "$out/test_backend_ops.log" | grep -v 'broken' | head -20 | tee -a "$out/summary.log"
+# the built-in attention kernels too (cuDNN's run above where it loads)
+SLIDEDP_ATTENTION=builtin timeout 150 "$build/tests/test_backend_ops" > "$out/test_backend_ops_builtin.log" 2>&1
+log "test_backend_ops, built-in attention, exit $? : $(grep -E '^# [0-9]+ failures' "$out/test_backend_ops_builtin.log" | tr '\n' ' ')"
+grep -E '^# worst normalised error attention' "$out/test_backend_ops_builtin.log" | tee -a "$out/summary.log"
 timeout 120 "$build/tests/test_parity" > "$out/test_parity.log" 2>&1
 log "test_parity exit $?"
 
