@@ -300,6 +300,28 @@ static void test_on_device_accumulation_many_chunks(void **state)
     }
 }
 
+/* The cross-entropy 5 rows at a time (the LM head's weight gradient summed over the chunks, the
+ * last one short) against all rows at once: the same training up to the order of the fp32 sums. */
+static void test_logits_in_chunks(void **state)
+{
+    write_job("");
+    struct layout lay_all, lay_chunked;
+    float *all = train_deep("logits-all", "", "", &lay_all);
+    float *chunked = train_deep("logits-5", "", "runtime.logits_rows=5", &lay_chunked);
+    double diff = 0, norm = 0;
+    for (int64_t j = 0; j < lay_all.total_numel; j++) {
+        diff += ((double)chunked[j] - all[j]) * ((double)chunked[j] - all[j]);
+        norm += (double)all[j] * all[j];
+    }
+    printf("# cross-entropy in 5-row chunks vs all rows at once: final weights rel err %.2e\n", sqrt(diff / norm));
+    assert_true(diff > 0); /* the override took effect: the sums ran in another order */
+    assert_true(sqrt(diff / norm) < 1e-5);
+    free(all);
+    free(chunked);
+    layout_free(&lay_all);
+    layout_free(&lay_chunked);
+}
+
 /* One worker, no clipping: the tiny job's final weights and each step's grad_norm from metrics.jsonl
  * (the metrics' precision) with the update after or during the backward. */
 static float *train_unclipped(const char *mode, double *norms, int steps, struct layout *lay)
@@ -373,6 +395,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_two_workers),
         cmocka_unit_test(test_norm_squared_in_update),
+        cmocka_unit_test(test_logits_in_chunks),
         cmocka_unit_test(test_on_device_accumulation_many_chunks),
         cmocka_unit_test(test_bad_input_creates_nothing),
     };
