@@ -237,10 +237,12 @@ static void reduce(struct graph *g, cudnnReduceTensorOp_t mode, cudnnBackendDesc
     cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     set(g, rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
     set(g, rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
+#if CUDNN_VERSION >= 91100
     if (dnn.version() >= 91100) { /* the attribute's first version; cudnn-frontend sets it so */
         bool deterministic = false;
         set(g, rd, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic);
     }
+#endif
     done(g, rd, "reduction");
     cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
     set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
