@@ -268,6 +268,17 @@ static float *train_deep(const char *tag, const char *config_edit, const char *o
     return final_weights(p, lay);
 }
 
+/* ||got - ref|| / ||ref|| over n weights. */
+static double weights_rel_err(const float *got, const float *ref, int64_t n)
+{
+    double diff = 0, norm = 0;
+    for (int64_t j = 0; j < n; j++) {
+        diff += ((double)got[j] - ref[j]) * ((double)got[j] - ref[j]);
+        norm += (double)ref[j] * ref[j];
+    }
+    return sqrt(diff / norm);
+}
+
 /* Micro-steps summing their gradients on the device (a buffer per chunk), with more chunks than the
  * tiny model has, against summing on the host (two alternating buffers): the same training up to
  * the order of the fp32 sums. Also untied with a vocabulary whose LM head is 10x a layer, so the
@@ -284,15 +295,11 @@ static void test_on_device_accumulation_many_chunks(void **state)
         assert_int_equal(lay_host.num_chunks, 14);
         int64_t head = lay_host.chunks[13].numel, layer = lay_host.chunks[1].numel;
         assert_true(i == 0 || head > 4 * layer);
-        double diff = 0, norm = 0;
-        for (int64_t j = 0; j < lay_host.total_numel; j++) {
-            diff += ((double)dev[j] - host[j]) * ((double)dev[j] - host[j]);
-            norm += (double)host[j] * host[j];
-        }
+        double err = weights_rel_err(dev, host, lay_host.total_numel);
         printf("# 12 layers in 14 chunks%s (head chunk %lld elements, layer %lld), gradients summed on the device "
                "vs on the host: final weights rel err %.2e\n",
-               i ? ", untied" : "", (long long)head, (long long)layer, sqrt(diff / norm));
-        assert_true(sqrt(diff / norm) < 1e-5);
+               i ? ", untied" : "", (long long)head, (long long)layer, err);
+        assert_true(err < 1e-5);
         free(host);
         free(dev);
         layout_free(&lay_host);
@@ -308,14 +315,10 @@ static void test_logits_in_chunks(void **state)
     struct layout lay_all, lay_chunked;
     float *all = train_deep("logits-all", "", "", &lay_all);
     float *chunked = train_deep("logits-5", "", "runtime.logits_rows=5", &lay_chunked);
-    double diff = 0, norm = 0;
-    for (int64_t j = 0; j < lay_all.total_numel; j++) {
-        diff += ((double)chunked[j] - all[j]) * ((double)chunked[j] - all[j]);
-        norm += (double)all[j] * all[j];
-    }
-    printf("# cross-entropy in 5-row chunks vs all rows at once: final weights rel err %.2e\n", sqrt(diff / norm));
-    assert_true(diff > 0); /* the override took effect: the sums ran in another order */
-    assert_true(sqrt(diff / norm) < 1e-5);
+    double err = weights_rel_err(chunked, all, lay_all.total_numel);
+    printf("# cross-entropy in 5-row chunks vs all rows at once: final weights rel err %.2e\n", err);
+    assert_true(err > 0); /* the override took effect: the sums ran in another order */
+    assert_true(err < 1e-5);
     free(all);
     free(chunked);
     layout_free(&lay_all);
