@@ -49,8 +49,7 @@ static void *run(void *arg)
         float *sp = stage, *sm = stage + 8192, *sv = stage + 2 * 8192;
         uint16_t *s16 = (uint16_t *)(stage + 3 * 8192);
         adamw_update_to(j->isa, &st, j->p + i, j->m + i, j->v + i, j->g + i, sp, sm, sv, s16, n);
-        memcpy(j->p + i, sp, n * 4), memcpy(j->m + i, sm, n * 4), memcpy(j->v + i, sv, n * 4);
-        memcpy(j->p16 + i, s16, n * 2);
+        adamw_store_staged(j->p + i, j->m + i, j->v + i, j->p16 + i, sp, sm, sv, s16, n);
     }
     free(stage);
     return NULL;

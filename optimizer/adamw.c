@@ -188,14 +188,10 @@ void adamw_update(enum adamw_isa isa, const struct adamw_step *s, float *p, floa
 
 #define SUMSQ_BLOCK 4096
 
-/* One block's sum of squares in 8 double lanes combined in lane order. */
-static double sumsq_block(const float *x, size_t n)
+/* One block's sum of squares: element i goes to double lane i % 8 (square, then add), and the 8
+ * lanes are combined in lane order. The vector paths below do the same operations per lane. */
+static double sumsq_lanes_done(double lane[8], const float *x, size_t i, size_t n)
 {
-    double lane[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            lane[j] += (double)x[i + j] * (double)x[i + j];
     for (int j = 0; i < n; i++, j++)
         lane[j] += (double)x[i] * (double)x[i];
     double s = 0;
@@ -204,11 +200,52 @@ static double sumsq_block(const float *x, size_t n)
     return s;
 }
 
-double sumsq_f32(const float *x, size_t n)
+static double sumsq_block_scalar(const float *x, size_t n)
 {
+    double lane[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            lane[j] += (double)x[i + j] * (double)x[i + j];
+    return sumsq_lanes_done(lane, x, i, n);
+}
+
+__attribute__((target("avx2"))) static double sumsq_block_avx2(const float *x, size_t n)
+{
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+    }
+    double lane[8];
+    _mm256_storeu_pd(lane, lo);
+    _mm256_storeu_pd(lane + 4, hi);
+    return sumsq_lanes_done(lane, x, i, n);
+}
+
+__attribute__((target("avx512f"))) static double sumsq_block_avx512(const float *x, size_t n)
+{
+    __m512d acc = _mm512_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        acc = _mm512_add_pd(acc, _mm512_mul_pd(a, a));
+    }
+    double lane[8];
+    _mm512_storeu_pd(lane, acc);
+    return sumsq_lanes_done(lane, x, i, n);
+}
+
+double sumsq_f32(enum adamw_isa isa, const float *x, size_t n)
+{
+    double (*block)(const float *, size_t) = isa == ADAMW_AVX512 ? sumsq_block_avx512
+                                             : isa == ADAMW_AVX2 ? sumsq_block_avx2
+                                                                 : sumsq_block_scalar;
     double total = 0;
     for (size_t i = 0; i < n; i += SUMSQ_BLOCK)
-        total += sumsq_block(x + i, n - i < SUMSQ_BLOCK ? n - i : SUMSQ_BLOCK);
+        total += block(x + i, n - i < SUMSQ_BLOCK ? n - i : SUMSQ_BLOCK);
     return total;
 }
 
@@ -226,4 +263,36 @@ void grad_accumulate(float *dst, const float *src, size_t n, int first)
     }
     for (size_t i = 0; i < n; i++)
         dst[i] += src[i];
+}
+
+/* dst = src with non-temporal stores: the lines go to memory without being read first. */
+static void copy_streaming(void *dst, const void *src, size_t bytes)
+{
+    char *d = dst;
+    const char *s = src;
+    size_t head = (size_t)(-(uintptr_t)d & 15);
+    head = head < bytes ? head : bytes;
+    memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= 64; d += 64, s += 64, bytes -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    for (; bytes >= 16; d += 16, s += 16, bytes -= 16)
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    memcpy(d, s, bytes);
+}
+
+void adamw_store_staged(float *p, float *m, float *v, uint16_t *p16, const float *sp, const float *sm, const float *sv,
+                        const uint16_t *s16, size_t n)
+{
+    memcpy(p, sp, n * sizeof(float));
+    memcpy(m, sm, n * sizeof(float));
+    memcpy(v, sv, n * sizeof(float));
+    copy_streaming(p16, s16, n * sizeof(uint16_t));
+    _mm_sfence(); /* the streaming stores are ordered before whatever the caller publishes next */
 }

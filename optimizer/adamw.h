@@ -31,11 +31,18 @@ void adamw_update_to(enum adamw_isa isa, const struct adamw_step *s, const float
 
 /* Sum of squares of x[0..n) in double, in a fixed order (blocks of 8 lanes), so the result does
  * not depend on the ISA or on how callers split work between threads at multiples of 64. */
-double sumsq_f32(const float *x, size_t n);
+double sumsq_f32(enum adamw_isa isa, const float *x, size_t n);
 
 /* dst = src (first contribution) or dst += src, elementwise fp32. */
 void grad_accumulate(float *dst, const float *src, size_t n, int first);
 /* dst = a + b, elementwise fp32. */
 void grad_add_to(float *dst, const float *a, const float *b, size_t n);
+
+/* Copies an update computed into a staging block (adamw_update_to) into place. master, m and v take
+ * ordinary stores: the update just read their lines, so they are in cache. The bf16 copy takes
+ * non-temporal stores, so its lines are not read from memory first (2 of the ~32 bytes per
+ * parameter the update moves); a store fence then orders them before what the caller publishes. */
+void adamw_store_staged(float *p, float *m, float *v, uint16_t *p16, const float *sp, const float *sm, const float *sv,
+                        const uint16_t *s16, size_t n);
 
 #endif

@@ -142,14 +142,12 @@ static void journal_apply(struct optim *o, struct lane *l)
 {
     struct journal *j = l->journal;
     size_t off = j->offset, n = j->n;
-    if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE) {
+    if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE)
         memcpy(o->shm.grad_acc + off, l->stage_p, n * sizeof(float));
-    } else {
-        memcpy(o->shm.master + off, l->stage_p, n * sizeof(float));
-        memcpy(o->shm.exp_avg + off, l->stage_m, n * sizeof(float));
-        memcpy(o->shm.exp_avg_sq + off, l->stage_v, n * sizeof(float));
-        memcpy(job_params16_of(&o->shm, j->step) + off, l->stage_p16, n * sizeof(uint16_t));
-    }
+    else
+        adamw_store_staged(o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off,
+                           job_params16_of(&o->shm, j->step) + off, l->stage_p, l->stage_m, l->stage_v,
+                           l->stage_p16, n);
 }
 
 static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t chunk, uint32_t step, uint32_t micro,
@@ -214,7 +212,7 @@ static void reduce_lane(struct optim *o, int t)
         else
             grad_add_to(l->stage_p, o->shm.grad_acc + base + i, src + i, n);
         if (o->fuse_sumsq)
-            o->block_sumsq[b] = sumsq_f32(l->stage_p, n);
+            o->block_sumsq[b] = sumsq_f32(o->isa, l->stage_p, n);
         journal_commit(o, l, JOURNAL_REDUCE, d->chunk, d->step, d->micro, b, base + i, n);
         atomic_store_explicit(&cs->red_done[t], b + 1, memory_order_release);
         journal_clear(l);
@@ -231,7 +229,7 @@ static void sumsq_lane(struct optim *o, int t)
     for (uint32_t b = lane_begin(nb, o->threads, t); b < end; b++) {
         size_t i = (size_t)b * JOURNAL_BLOCK;
         size_t n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i : JOURNAL_BLOCK;
-        o->block_sumsq[b] = sumsq_f32(o->shm.grad_acc + ch->offset + i, n);
+        o->block_sumsq[b] = sumsq_f32(o->isa, o->shm.grad_acc + ch->offset + i, n);
     }
 }
 
@@ -296,13 +294,13 @@ static void update_lane(struct optim *o, int t)
     uint32_t b = atomic_load_explicit(&cs->upd_done[t], memory_order_acquire);
     /* items a crashed predecessor updated: their gradient is still in the accumulator */
     for (uint32_t i = lane_begin(ni, o->threads, t); o->norm_in_update && i < b; i++)
-        o->item_sumsq[i] = sumsq_f32(o->shm.grad_acc + o->items[c][i].offset, o->items[c][i].n);
+        o->item_sumsq[i] = sumsq_f32(o->isa, o->shm.grad_acc + o->items[c][i].offset, o->items[c][i].n);
     for (; b < end; b++) {
         const struct update_item *it = &o->items[c][b];
         size_t off = it->offset, n = it->n;
         st.weight_decay = it->decay ? wd : 0.0f;
         if (o->norm_in_update) /* the block is in cache for the update that follows */
-            o->item_sumsq[b] = sumsq_f32(o->shm.grad_acc + off, n);
+            o->item_sumsq[b] = sumsq_f32(o->isa, o->shm.grad_acc + off, n);
         adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off,
                         o->shm.grad_acc + off, l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
         journal_commit(o, l, JOURNAL_UPDATE, (uint32_t)c, (uint32_t)st.step, 0, b, off, n);

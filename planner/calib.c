@@ -149,10 +149,8 @@ static void *par_thread(void *arg)
             size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
             adamw_update_to(j->isa, &st, j->a + i, j->b + i, j->c + i, j->d + i, stage, stage + STAGE_BLOCK,
                             stage + 2 * STAGE_BLOCK, stage16, k);
-            memcpy(j->a + i, stage, k * sizeof(float));
-            memcpy(j->b + i, stage + STAGE_BLOCK, k * sizeof(float));
-            memcpy(j->c + i, stage + 2 * STAGE_BLOCK, k * sizeof(float));
-            memcpy(j->p16 + i, stage16, k * sizeof(uint16_t));
+            adamw_store_staged(j->a + i, j->b + i, j->c + i, j->p16 + i, stage, stage + STAGE_BLOCK,
+                               stage + 2 * STAGE_BLOCK, stage16, k);
         }
     j->end[pa->index] = now_s();
     free(stage);

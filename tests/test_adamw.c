@@ -121,14 +121,25 @@ static void test_sumsq_split_invariant(void **state)
     size_t n = 3 * 4096 + 77;
     float *x = malloc(n * 4);
     fill(x, n, &seed, -3, 3);
-    double whole = sumsq_f32(x, n);
-    double parts = sumsq_f32(x, 4096) + sumsq_f32(x + 4096, 8192);
-    parts += sumsq_f32(x + 12288, n - 12288);
+    double whole = sumsq_f32(ADAMW_SCALAR, x, n);
+    double parts = sumsq_f32(ADAMW_SCALAR, x, 4096) + sumsq_f32(ADAMW_SCALAR, x + 4096, 8192);
+    parts += sumsq_f32(ADAMW_SCALAR, x + 12288, n - 12288);
     double exact = 0;
     for (size_t i = 0; i < n; i++)
         exact += (double)x[i] * x[i];
     assert_true(whole == parts);
     assert_true(fabs(whole - exact) / exact < 1e-12);
+    /* the vector paths give the scalar path's bits, for every length's tail; and on a block where
+     * another order of the additions rounds differently: 2^54 in lane 0 absorbs each later 1 alone
+     * (its ulp is 4), but 1 + 1 + 1 added first would not be absorbed */
+    float order[64] = {0x1p27f, 1, 1, 1, 1, 1, 1, 1};
+    order[8] = order[16] = order[24] = 1;
+    assert_true(sumsq_f32(ADAMW_SCALAR, order, 64) == 0x1p54);
+    for (int isa = 1; isa <= (int)adamw_isa_detect(); isa++) {
+        for (size_t len = n - 9; len <= n; len++)
+            assert_true(sumsq_f32((enum adamw_isa)isa, x, len) == sumsq_f32(ADAMW_SCALAR, x, len));
+        assert_true(sumsq_f32((enum adamw_isa)isa, order, 64) == 0x1p54);
+    }
     float *acc = malloc(n * 4);
     grad_accumulate(acc, x, n, 1);
     grad_accumulate(acc, x, n, 0);
