@@ -315,10 +315,29 @@ static void build_fwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     matmul(g, p, v, o);
 }
 
+/* out = x^T y for scores x of dims sd (B, H, T, T) and y of dims qd (B, H, T, D); with grouped KV
+ * heads (grouped) the product is summed over each group into out's (B, HK, T, D). Virtual tensors
+ * take the ids uid and uid + 1. */
+static void grouped_transposed_matmul(struct graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
+                                      cudnnBackendDescriptor_t out, int64_t uid, bool grouped, const int64_t *sd,
+                                      const int64_t *qd)
+{
+    const int64_t H = sd[1], T = sd[2], D = qd[3];
+    cudnnBackendDescriptor_t xt = tensor(g, uid, CUDNN_DATA_BFLOAT16, sd, DIMS(H * T * T, T * T, 1, T), VIRTUAL);
+    reshape(g, x, xt);
+    if (!grouped) {
+        matmul(g, xt, y, out);
+        return;
+    }
+    cudnnBackendDescriptor_t full = tensor(g, uid + 1, CUDNN_DATA_BFLOAT16, qd, DIMS(H * T * D, T * D, D, 1), VIRTUAL);
+    matmul(g, xt, y, full);
+    reduce(g, CUDNN_REDUCE_TENSOR_ADD, full, out);
+}
+
 static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D)
 {
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
-    const int64_t *sd = DIMS(B, H, T, T), *ss = DIMS(H * T * T, T * T, T, 1), *sst = DIMS(H * T * T, T * T, 1, T);
+    const int64_t *sd = DIMS(B, H, T, T), *ss = DIMS(H * T * T, T * T, T, 1);
     const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1);
     const int64_t *qd = DIMS(B, H, T, D), *qs = DIMS(T * H * D, D, H * D, 1);
     const int64_t *kd = DIMS(B, HK, T, D), *ks = DIMS(T * HK * D, D, HK * D, 1);
@@ -353,15 +372,7 @@ static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     pw(g, CUDNN_POINTWISE_EXP, s_masked, NULL, p);
 
     /* dV = P^T dO, summed over each KV head's group */
-    cudnnBackendDescriptor_t pt = tensor(g, 211, BF, sd, sst, VIRTUAL);
-    reshape(g, p, pt);
-    if (H == HK) {
-        matmul(g, pt, dout, dv);
-    } else {
-        cudnnBackendDescriptor_t dv_full = tensor(g, 212, BF, qd, fs, VIRTUAL);
-        matmul(g, pt, dout, dv_full);
-        reduce(g, CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-    }
+    grouped_transposed_matmul(g, p, dout, dv, 211, H != HK, sd, qd);
 
     /* dS = P * (dO V^T - D) * scale */
     cudnnBackendDescriptor_t dp = tensor(g, 213, F, sd, ss, VIRTUAL), dp_d = tensor(g, 214, F, sd, ss, VIRTUAL);
@@ -372,15 +383,7 @@ static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     pw(g, CUDNN_POINTWISE_MUL, dp_p, scale, ds);
 
     /* dK = dS^T Q, summed over the group */
-    cudnnBackendDescriptor_t dst = tensor(g, 217, BF, sd, sst, VIRTUAL);
-    reshape(g, ds, dst);
-    if (H == HK) {
-        matmul(g, dst, q, dk);
-    } else {
-        cudnnBackendDescriptor_t dk_full = tensor(g, 218, BF, qd, fs, VIRTUAL);
-        matmul(g, dst, q, dk_full);
-        reduce(g, CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-    }
+    grouped_transposed_matmul(g, ds, q, dk, 217, H != HK, sd, qd);
 
     /* dQ = dS K through the fp32 accumulator */
     cudnnBackendDescriptor_t k = tensor(g, 219, F, kd, ks, VIRTUAL);
