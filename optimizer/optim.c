@@ -87,10 +87,17 @@ struct optim {
     double *item_sumsq; /* per update item of the chunk */
 };
 
-static void set_phase(struct optim *o, int phase)
+/* The phase and the chunk it works on (-1 while waiting), for monitors. */
+static void set_phase_chunk(struct optim *o, int phase, int chunk)
 {
+    atomic_store_explicit(&o->slot->chunk, chunk, memory_order_relaxed);
     atomic_store_explicit(&o->slot->phase, (uint32_t)phase, memory_order_relaxed);
     atomic_store_explicit(&o->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
+}
+
+static void set_phase(struct optim *o, int phase)
+{
+    set_phase_chunk(o, phase, -1);
 }
 
 static bool torn_down(struct optim *o)
@@ -241,7 +248,7 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     const struct chunk_desc *ch = &ctl_chunks(h)[d->chunk];
     struct chunk_state *cs = ctl_chunk_state(h, (int)d->chunk);
     uint64_t t0 = clock_ns();
-    set_phase(o, PHASE_REDUCE);
+    set_phase_chunk(o, PHASE_REDUCE, (int)d->chunk);
     uint64_t key = micro_key(d->step, d->micro);
     if (atomic_load_explicit(&cs->red_key, memory_order_acquire) != key) {
         /* progress first: a crash between these stores leaves a stale key and fresh progress */
@@ -319,7 +326,7 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
     if (atomic_load_explicit(&cs->version, memory_order_acquire) >= s)
         return;
     uint64_t t0 = clock_ns();
-    set_phase(o, PHASE_UPDATE);
+    set_phase_chunk(o, PHASE_UPDATE, c);
     if (atomic_load_explicit(&cs->upd_step, memory_order_acquire) != s) {
         for (int t = 0; t < o->threads; t++)
             atomic_store_explicit(&cs->upd_done[t], lane_begin(o->num_items[c], o->threads, t),

@@ -32,6 +32,7 @@ static const struct proc_metric worker_metrics[] = {
 
 static const struct proc_metric optim_metrics[] = {
     {"step", "gauge", "step", F_STEP, "Optimizer step the process is reducing or applying."},
+    {"chunk", "gauge", "chunk", F_CHUNK, "Parameter chunk the process is reducing or updating (-1: none)."},
     {"reduced_bytes_total", "counter", "reduced_bytes", F_IN, "Gradient bytes summed into the accumulators."},
     {"published_bytes_total", "counter", "published_bytes", F_OUT, "bf16 parameter bytes written after updates."},
     {"busy_seconds_total", "counter", "busy_s", F_BUSY, "Seconds spent reducing gradients and updating chunks."},
