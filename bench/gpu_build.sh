@@ -1,7 +1,8 @@
 # Sourced by the GPU-host scripts (bench/gpu_issue*.sh), from the repo root: builds with the carried
 # .debs (the host lacks libuv, CMocka, inih, cJSON; see gpu_issue4.sh's header for preparing
 # .gpudeps/) and sets PATH, LD_LIBRARY_PATH, SD_BUILD and SD_SOURCE. Sets $build and $out; exits 1
-# when the build fails. Defines random_tokens and qwen3_1_7b_job for the scripts' jobs.
+# when the build fails. Defines random_tokens and qwen3_1_7b_job for the scripts' jobs, and
+# e2e_fixtures.
 set -u
 root=$(pwd)
 out=${OUT:-$root/.gpuout}
@@ -84,4 +85,30 @@ device = cuda
 [log]
 dir = $1/log
 EOF
+}
+
+# e2e_fixtures: `slidedp-launch --device cuda` on each parity fixture, its losses against the CPU
+# reference's (tests/fixtures/*/ref.json); one line each in $out/e2e.log and the summary.
+e2e_fixtures() {
+    : > "$out/e2e.log"
+    for fx in qwen3_tied qwen3_untied_gqa8 qwen2 llama3; do
+        local d=/tmp/e2e_$fx
+        rm -rf "$d"
+        timeout 60 "$build/slidedp-launch" --device cuda "tests/fixtures/$fx/job.ini" "log.dir=$d/log" \
+            "checkpoint.dir=$d/ckpt" >> "$out/e2e.log" 2>&1
+        local rc=$?
+        python3 - "$d/log/metrics.jsonl" "tests/fixtures/$fx/ref.json" "$fx" "$rc" <<'PY' | tee -a "$out/e2e.log" "$out/summary.log"
+import json, sys
+path, ref, name, rc = sys.argv[1:]
+try:
+    got = [json.loads(l)["loss"] for l in open(path) if l.strip()]
+except OSError:
+    got = []
+want = json.load(open(ref))["losses"]
+rel = [abs(a - b) / b for a, b in zip(got, want)]
+ok = rc == "0" and len(got) == len(want) and max(rel) < 2e-2
+print(f"e2e cuda {name}: exit {rc}, losses {' '.join(f'{x:.5f}' for x in got)} vs ref "
+      f"{' '.join(f'{x:.5f}' for x in want)}, worst rel {max(rel) if rel else float('nan'):.2e}: {'OK' if ok else 'FAIL'}")
+PY
+    done
 }

@@ -24,27 +24,7 @@ grep -E '^# worst normalised error attention' "$out/test_backend_ops_builtin.log
 timeout 120 "$build/tests/test_parity" > "$out/test_parity.log" 2>&1
 log "test_parity exit $?"
 
-: > "$out/e2e.log"
-for fx in qwen3_tied qwen3_untied_gqa8 qwen2 llama3; do
-    d=/tmp/e2e_$fx
-    rm -rf "$d"
-    timeout 60 "$build/slidedp-launch" --device cuda "tests/fixtures/$fx/job.ini" "log.dir=$d/log" \
-        "checkpoint.dir=$d/ckpt" >> "$out/e2e.log" 2>&1
-    rc=$?
-    python3 - "$d/log/metrics.jsonl" "tests/fixtures/$fx/ref.json" "$fx" "$rc" <<'PY' | tee -a "$out/e2e.log" "$out/summary.log"
-import json, sys
-path, ref, name, rc = sys.argv[1:]
-try:
-    got = [json.loads(l)["loss"] for l in open(path) if l.strip()]
-except OSError:
-    got = []
-want = json.load(open(ref))["losses"]
-rel = [abs(a - b) / b for a, b in zip(got, want)]
-ok = rc == "0" and len(got) == len(want) and max(rel) < 2e-2
-print(f"e2e cuda {name}: exit {rc}, losses {' '.join(f'{x:.5f}' for x in got)} vs ref "
-      f"{' '.join(f'{x:.5f}' for x in want)}, worst rel {max(rel) if rel else float('nan'):.2e}: {'OK' if ok else 'FAIL'}")
-PY
-done
+e2e_fixtures
 
 # ---- speed ----
 : > "$out/bench.log"
