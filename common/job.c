@@ -74,6 +74,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "grad_route", K_ENUM, OFF(grad_route), 0, 0, "auto|cpu|gpu", 0},
     {"runtime", "update_mode", K_ENUM, OFF(update_mode), 0, 0, "auto|after_backward|during_backward", 0},
     {"runtime", "accumulate_on_device", K_ENUM, OFF(accumulate_on_device), 0, 0, "auto|false|true", -1},
+    {"runtime", "grad_dtype", K_ENUM, OFF(grad_dtype), 0, 0, "fp32|bf16", 0},
     {"runtime", "topology", K_PATH, OFF(topology), 0, 0, NULL, 0},
     {"log", "dir", K_PATH, OFF(log_dir), 0, 0, NULL, 0},
     {"log", "every", K_INT, OFF(log_every), 1, INT_MAX, NULL, 0},

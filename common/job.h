@@ -16,6 +16,8 @@ enum export_dtype { EXPORT_BF16 = 0, EXPORT_FP32 = 1 };
 enum param_route { ROUTE_AUTO = 0, PARAMS_REPLICATED = 1, PARAMS_SHARDED = 2 };
 enum grad_route { GRADS_AUTO = 0, GRADS_CPU = 1, GRADS_GPU = 2 };
 enum update_mode { UPDATE_AUTO = 0, UPDATE_AFTER_BACKWARD = 1, UPDATE_DURING_BACKWARD = 2 };
+/* The dtype gradients cross to the host in when they go straight into the accumulator. */
+enum grad_dtype { GRAD_FP32 = 0, GRAD_BF16 = 1 };
 enum act_policy { ACT_AUTO = 0, ACT_KEEP = 1, ACT_RECOMPUTE = 2, ACT_OFFLOAD = 3 };
 
 struct job_config {
@@ -69,6 +71,8 @@ struct job_config {
     enum grad_route grad_route;
     enum update_mode update_mode;
     int accumulate_on_device;  /* -1 auto, 0 no, 1 yes */
+    enum grad_dtype grad_dtype; /* bf16: gradients sent straight into the accumulator are rounded
+                                 * to bf16 on the device (half the copy and the optimizer reads less) */
     char topology[JOB_PATH_MAX]; /* GPU topology description file; empty: probe the host */
 
     /* [log] */

@@ -63,4 +63,11 @@ static inline bool plan_grads_direct(const struct plan *p, int gpus, int grad_ac
     return grad_accum == 1 || p->accumulate_on_device;
 }
 
+/* Whether gradients cross to the host in bf16: asked for, and going straight into the accumulator
+ * (each element then has one contribution per step; slots hold micro-steps summed in fp32). */
+static inline bool plan_grads_bf16(const struct plan *p, const struct job_config *job)
+{
+    return job->grad_dtype == GRAD_BF16 && plan_grads_direct(p, job->gpus, job->grad_accum);
+}
+
 #endif

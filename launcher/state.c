@@ -287,6 +287,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
     h->exchange = plan_uses_exchange(&st->plan, st->job.gpus);
     h->grads_direct = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum);
+    h->grads_bf16 = plan_grads_bf16(&st->plan, &st->job);
     h->window_shm_bytes = st->window_shm_bytes;
     h->ckpt_every = (uint32_t)st->job.ckpt_every;
     h->total_numel = st->lay.total_numel;
@@ -345,6 +346,10 @@ static void map_views(struct job_state *st)
     st->shm.grads = st->grads_region.base;
     st->shm.grad_acc = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum) ? st->shm.grads
                                                                                        : st->shm.master + 3 * n;
+    if (plan_grads_bf16(&st->plan, &st->job)) {
+        st->shm.grad_acc16 = (uint16_t *)st->shm.grads;
+        st->shm.grad_acc = NULL;
+    }
 }
 
 static bool is_our_child(int pid)
@@ -421,7 +426,8 @@ int state_create(struct job_state *st)
     uint64_t window_shm = plan_uses_exchange(&st->plan, job->gpus) && job->device == DEVICE_CPU ? win.total : 0;
     int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
                                st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
-                               keep_prev, plan_grads_direct(&st->plan, job->gpus, job->grad_accum), window_shm, &sz);
+                               keep_prev, plan_grads_direct(&st->plan, job->gpus, job->grad_accum),
+                               plan_grads_bf16(&st->plan, job), window_shm, &sz);
     st->window_shm_bytes = window_shm;
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);

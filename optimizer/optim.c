@@ -35,6 +35,7 @@ struct lane {
     struct journal *journal;
     float *stage_p, *stage_m, *stage_v;
     uint16_t *stage_p16;
+    float *grad32; /* grads_bf16: a block of the accumulator widened to fp32 (private memory) */
 };
 
 /* A block of an update: a piece of one tensor (so it has one weight decay). */
@@ -226,6 +227,17 @@ static void reduce_lane(struct optim *o, int t)
     }
 }
 
+/* n gradients of the accumulator from element off, as fp32: in place, or widened from bf16 into the
+ * lane's buffer (exact). */
+static const float *grad_block(struct optim *o, struct lane *l, size_t off, size_t n)
+{
+    if (!o->shm.grad_acc16)
+        return o->shm.grad_acc + off;
+    SD_ASSERT(n <= JOURNAL_BLOCK);
+    bf16_to_f32_n(l->grad32, o->shm.grad_acc16 + off, n);
+    return l->grad32;
+}
+
 /* Lane t's blocks' squared norms, kept per block so the sum's order does not depend on lanes
  * (with fuse_sumsq only those the reduction did not square). */
 static void sumsq_lane(struct optim *o, int t)
@@ -236,7 +248,7 @@ static void sumsq_lane(struct optim *o, int t)
     for (uint32_t b = lane_begin(nb, o->threads, t); b < end; b++) {
         size_t i = (size_t)b * JOURNAL_BLOCK;
         size_t n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i : JOURNAL_BLOCK;
-        o->block_sumsq[b] = sumsq_f32(o->isa, o->shm.grad_acc + ch->offset + i, n);
+        o->block_sumsq[b] = sumsq_f32(o->isa, grad_block(o, &o->lanes[t], (size_t)ch->offset + i, n), n);
     }
 }
 
@@ -301,15 +313,16 @@ static void update_lane(struct optim *o, int t)
     uint32_t b = atomic_load_explicit(&cs->upd_done[t], memory_order_acquire);
     /* items a crashed predecessor updated: their gradient is still in the accumulator */
     for (uint32_t i = lane_begin(ni, o->threads, t); o->norm_in_update && i < b; i++)
-        o->item_sumsq[i] = sumsq_f32(o->isa, o->shm.grad_acc + o->items[c][i].offset, o->items[c][i].n);
+        o->item_sumsq[i] = sumsq_f32(o->isa, grad_block(o, l, o->items[c][i].offset, o->items[c][i].n), o->items[c][i].n);
     for (; b < end; b++) {
         const struct update_item *it = &o->items[c][b];
         size_t off = it->offset, n = it->n;
         st.weight_decay = it->decay ? wd : 0.0f;
+        const float *g = grad_block(o, l, off, n);
         if (o->norm_in_update) /* the block is in cache for the update that follows */
-            o->item_sumsq[b] = sumsq_f32(o->isa, o->shm.grad_acc + off, n);
-        adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off,
-                        o->shm.grad_acc + off, l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
+            o->item_sumsq[b] = sumsq_f32(o->isa, g, n);
+        adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off, g,
+                        l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
         journal_commit(o, l, JOURNAL_UPDATE, (uint32_t)c, (uint32_t)st.step, 0, b, off, n);
         atomic_store_explicit(&cs->upd_done[t], b + 1, memory_order_release);
         journal_clear(l);
@@ -587,6 +600,8 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
         l->stage_m = l->stage_p + JOURNAL_BLOCK;
         l->stage_v = l->stage_m + JOURNAL_BLOCK;
         l->stage_p16 = (uint16_t *)(l->stage_v + JOURNAL_BLOCK);
+        if (o->shm.grad_acc16 && !(l->grad32 = aligned_alloc(64, JOURNAL_BLOCK * sizeof(float))))
+            return sd_err("optimizer: out of memory");
     }
     /* one gradient per rank and micro-step, or per rank when micro-steps sum on the device */
     o->shard_grads = h->plan.grad_route == GRADS_GPU && h->gpus > 1;

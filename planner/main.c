@@ -268,6 +268,7 @@ static void print_json(const struct report *r)
     cJSON_AddNumberToObject(pj, "logits_rows", pl->logits_rows);
     cJSON_AddBoolToObject(pj, "accumulate_on_device", pl->accumulate_on_device);
     cJSON_AddBoolToObject(pj, "grads_direct", plan_grads_direct(pl, r->job->gpus, r->job->grad_accum));
+    cJSON_AddBoolToObject(pj, "grads_bf16", plan_grads_bf16(pl, r->job));
     cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
     for (int l = 0; l < r->cfg->num_layers; l++)
         cJSON_AddItemToArray(keep, cJSON_CreateNumber(pl->keep_acts[l]));

@@ -234,12 +234,13 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
     out->logits = al((int64_t)mc->plan->logits_rows * V * act, a);
     out->misc = 5 * al(N * 4, a) + 2 * al(T * (D / 2) * 4, a); /* tokens, targets, correct, row_scale, loss */
     /* CPU: the attention backward's double scratch. CUDA: the cuBLASLt workspace (32 MiB), the
-     * conversion staging (16 MiB) and the op scratch, the larger of the attention backward's
-     * (cuDNN's: its workspace, about the size of its fp32 dQ accumulator, the accumulator and the
-     * row sums) and the rmsnorm weight-gradient partials (at most 2 x 132 SMs slices of C) */
+     * conversion staging (16 MiB), the bf16 gradient staging (16 MiB) and the op scratch, the
+     * larger of the attention backward's (cuDNN's: its workspace, about the size of its fp32 dQ
+     * accumulator, the accumulator and the row sums) and the rmsnorm weight-gradient partials (at
+     * most 2 x 132 SMs slices of C) */
     int64_t attn_scratch = 2 * N * q * 4 + N * cfg->num_heads * 4 + ((int64_t)1 << 20);
     int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;
-    out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)48 << 20) + al(op_scratch, a);
+    out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)64 << 20) + al(op_scratch, a);
     int G = job->gpus;
     /* the exchange window (worker/pipeline.c) and, for GPU-side gradients, the shard sums */
     if (plan_uses_exchange(mc->plan, G)) {
@@ -267,8 +268,9 @@ void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct ho
      * redoes the step after a crash */
     out->params16 = lay->total_numel * 2 * (p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1);
     out->master = lay->total_numel * 12;
-    /* the fp32 accumulator, and the slots unless gradients go straight into it */
-    out->grads = lay->total_numel * 4;
+    /* the accumulator (fp32, or bf16 when gradients cross in bf16), and the slots unless gradients
+     * go straight into it */
+    out->grads = lay->total_numel * (plan_grads_bf16(p, mc->job) ? 2 : 4);
     if (!plan_grads_direct(p, G, mc->job->grad_accum))
         out->grads += (int64_t)G * p->grad_slots * lay->max_chunk_numel * 4;
     out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
@@ -565,6 +567,7 @@ static double finish_step(struct sim *s)
 #define REDUCE_BYTES 12.0
 #define SUMSQ_BYTES 4.0 /* the direct route's reduction only squares the accumulator */
 #define UPDATE_BYTES 30.0
+#define BF16_GRAD_SAVING 2.0 /* bytes per parameter less to read with a bf16 accumulator */
 
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
 struct rates {
@@ -612,6 +615,10 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     /* gradients sent to the host per step: every micro-step's, or once when the micro-steps are
      * summed on the device (on-device accumulation, or the GPU-side route's shard accumulators) */
     int sends = p->accumulate_on_device || gpu_grads ? 1 : A;
+    /* gradients in bf16: half the copy, and the optimizer reads 2 bytes less of each */
+    bool bf16_grads = plan_grads_bf16(p, job);
+    double sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES;
+    double update_bytes = bf16_grads ? UPDATE_BYTES - BF16_GRAD_SAVING : UPDATE_BYTES;
 
     struct sim s = {
         .mc = mc,
@@ -653,7 +660,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq) * sh.D;
     for (int c = 0; c < nc; c++) {
         const struct chunk_desc *ch = &lay->chunks[c];
-        double wbytes = (double)ch->numel * 2, gbytes = (double)ch->numel * 4;
+        double wbytes = (double)ch->numel * 2, gbytes = (double)ch->numel * (bf16_grads ? 2 : 4);
         if (d.cpu) { /* the worker converts params16 and copies its gradient into the slot itself */
             s.fetch_fwd[c] = s.fetch_bwd[c] = elem_s(&d, ELEM_CONVERT, (double)ch->numel);
             s.bytes_fwd[c] = s.bytes_bwd[c] = wbytes;
@@ -672,8 +679,8 @@ void model_step(const struct model_case *mc, struct step_pred *out)
             out->p2p_bytes += gpu_grads ? A * gbytes * (G - 1) / G : 0;
         }
         /* with GPU-side reduction each rank's descriptor carries the rank-summed 1/G of the chunk */
-        s.reduce[c] = (double)ch->numel * (s.direct ? SUMSQ_BYTES : REDUCE_BYTES) / rt.reduce_bw / (gpu_grads ? G : 1);
-        s.update[c] = (double)ch->numel / rt.adamw;
+        s.reduce[c] = (double)ch->numel * (s.direct ? sumsq_bytes : REDUCE_BYTES) / rt.reduce_bw / (gpu_grads ? G : 1);
+        s.update[c] = (double)ch->numel / rt.adamw * update_bytes / UPDATE_BYTES;
         if (ch->kind == CHUNK_EMBED) {
             s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + elem_s(&d, ELEM_EMBED_FWD, sh.N * sh.C);
             s.bwd[c] = elem_s(&d, ELEM_EMBED_BWD, sh.N * sh.C);
@@ -737,8 +744,8 @@ void model_step(const struct model_case *mc, struct step_pred *out)
         out->optim_s = fmax(out->optim_s, load[k]);
     free(load);
     double numel = (double)lay->total_numel;
-    out->optim_bytes = G * sends * numel * (s.direct ? SUMSQ_BYTES : REDUCE_BYTES) / (gpu_grads ? G : 1) +
-                       numel * UPDATE_BYTES;
+    out->optim_bytes = G * sends * numel * (s.direct ? sumsq_bytes : REDUCE_BYTES) / (gpu_grads ? G : 1) +
+                       numel * update_bytes;
     out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes) / rt.host_bw;
 
     double terms[] = {[BOTTLENECK_COMPUTE] = out->compute_s, [BOTTLENECK_H2D] = out->h2d_s,

@@ -712,7 +712,8 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
         kept += plan->keep_acts[l];
     char slots[64];
     if (plan_grads_direct(plan, job->gpus, job->grad_accum))
-        snprintf(slots, sizeof slots, "gradients straight into the accumulator");
+        snprintf(slots, sizeof slots, "gradients straight into the accumulator (%s)",
+                 plan_grads_bf16(plan, job) ? "bf16" : "fp32");
     else
         snprintf(slots, sizeof slots, "%d grad slots per rank", plan->grad_slots);
     fprintf(f, "plan: %d layer(s) per chunk, %d chunk buffers, %s, %d optimizer process(es) x %d thread(s)\n",

@@ -35,7 +35,7 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
                       int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      uint64_t window_shm_bytes, struct ctl_sizes *out)
+                      bool grads_bf16, uint64_t window_shm_bytes, struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
     if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
@@ -60,7 +60,7 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
          add_ok(&out->master_bytes, staging) &&
          (grads_direct ? (grads_elems = (uint64_t)total_numel, true)
                        : mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems)) &&
-         mul_ok(grads_elems, 4, &out->grads_bytes);
+         mul_ok(grads_elems, grads_direct && grads_bf16 ? 2 : 4, &out->grads_bytes);
     uint64_t windows;
     ok = ok && mul_ok((uint64_t)gpus, window_shm_bytes, &windows) && add_ok(&out->grads_bytes, windows);
     if (!ok)
@@ -207,7 +207,9 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
         if (shm_region_attach(&regs[3], name, true) != 0)
             goto fail;
         s->grads = regs[3].base;
-        if (s->ctl->grads_direct)
+        if (s->ctl->grads_bf16)
+            s->grad_acc16 = (uint16_t *)s->grads;
+        else if (s->ctl->grads_direct)
             s->grad_acc = s->grads;
     }
     return 0;

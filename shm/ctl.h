@@ -21,7 +21,7 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 4
+#define CTL_VERSION 5
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -223,6 +223,7 @@ struct ctl_header {
                                      * during backward: version v-1 stays readable while v is written) */
     bool exchange;                  /* workers exchange shards through each other's device memory */
     bool grads_direct;              /* the accumulator heads the grads region; no slots (plan_grads_direct) */
+    bool grads_bf16;                /* that accumulator holds bf16 (plan_grads_bf16) */
     uint64_t window_shm_bytes;      /* per rank: its window in the grads region (CPU backend); 0 on GPUs */
     uint32_t ckpt_every;            /* optimizers hold step S+1's updates until checkpoint S is written */
 
@@ -250,7 +251,7 @@ struct ctl_sizes {
 };
 /* keep_prev: params16 gets a second copy (versions by parity) for updates during the backward. grads_direct: the
  * gradient accumulator moves from the master region to the head of the grads region, in place of
- * the slots. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
+ * the slots; grads_bf16: it holds bf16. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
  * 0 for none. */
 /* Frees the host gradient slots of a dead worker that no descriptor refers to: slots it was
  * filling, and filled slots whose descriptor never reached a ring. Call only after the rank's
@@ -259,7 +260,7 @@ void ctl_repair_slots(struct ctl_header *h, int rank);
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
                       int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      uint64_t window_shm_bytes, struct ctl_sizes *out);
+                      bool grads_bf16, uint64_t window_shm_bytes, struct ctl_sizes *out);
 
 /* One rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk in fp32 (GPU-side
  * gradients), then XCHG_SLOTS parameter-shard slots of weight_size-byte elements (sharded
@@ -354,6 +355,7 @@ struct job_shm {
     struct ctl_header *ctl;
     uint16_t *params16;                              /* both copies with keep_prev: see job_params16_of */
     float *master, *exp_avg, *exp_avg_sq, *grad_acc; /* each total_numel; grad_acc in grads if grads_direct */
+    uint16_t *grad_acc16;                           /* in its place (grad_acc NULL) when grads_bf16 */
     float *staging;                                  /* per optimizer thread: JOURNAL_BLOCK x (3 fp32 + 1 bf16) */
     float *grads;                                    /* the accumulator or gpus * grad_slots * max_chunk_numel */
     void *regions[4];                                /* internal: struct shm_region per object */
@@ -384,9 +386,9 @@ static inline float *job_staging(struct job_shm *s, int optim, int thread)
 static inline void *job_shm_window(struct job_shm *s, int rank)
 {
     struct ctl_header *h = s->ctl;
-    size_t head = h->grads_direct ? (size_t)h->total_numel
-                                  : (size_t)h->gpus * (size_t)h->grad_slots * (size_t)h->max_chunk_numel;
-    return (char *)s->grads + head * 4 + (size_t)rank * (size_t)h->window_shm_bytes;
+    size_t head = h->grads_direct ? (size_t)h->total_numel * (h->grads_bf16 ? 2 : 4)
+                                  : (size_t)h->gpus * (size_t)h->grad_slots * (size_t)h->max_chunk_numel * 4;
+    return (char *)s->grads + head + (size_t)rank * (size_t)h->window_shm_bytes;
 }
 
 static inline float *job_grad_slot(struct job_shm *s, int rank, int slot)

@@ -82,6 +82,7 @@ static const struct bad_case cases[] = {
     {"key set twice", NULL, "[data]\nseq_len = 8\n", NULL, "set twice"},
     {"gpus out of range", NULL, NULL, "runtime.gpus=0", "gpus"},
     {"logits_rows out of range", NULL, NULL, "runtime.logits_rows=-3", "logits_rows"},
+    {"grad_dtype unknown", NULL, NULL, "runtime.grad_dtype=fp16", "fp32|bf16"},
     {"clipping with update during backward", NULL, NULL, "runtime.update_mode=during_backward", "grad_clip = 0"},
     {"model dir missing", NULL, NULL, "model.path=nowhere", "not a directory"},
     {"no config.json", "rm %s/model/config.json", NULL, NULL, "has no config.json"},

@@ -55,6 +55,10 @@ static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_r
 static const struct variant solo = {"solo", "accumulate_on_device = true\n", false, 1, 4};
 static const struct variant solo_during = {"solo-during", "accumulate_on_device = true\nupdate_mode = during_backward\n",
                                            true, 1, 4};
+/* The same, the gradients crossing to the host in bf16 (the optimizer widens them as it reads). */
+static const struct variant solo_bf16 = {"solo-bf16",
+                                         "accumulate_on_device = true\nupdate_mode = during_backward\ngrad_dtype = bf16\n",
+                                         true, 1, 4};
 
 /* A job in its own folder (log, checkpoints) sharing the generated data. */
 static void write_job_as(const struct variant *v, const char *name, int steps, const char *extra)
@@ -435,7 +439,7 @@ static void test_direct_gradients(void **state)
         {"optim_freed", 24},           {"optim_update_journaled", 24}, {"optim_updated", 24},
         {"worker_pushed", -48}, /* the step commits while the worker is dead */
     };
-    const struct variant *variants[] = {&solo, &solo_during};
+    const struct variant *variants[] = {&solo, &solo_during, &solo_bf16};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         run_references(variants[i], true);
         random_kills(variants[i], PROC_WORKER);

@@ -326,26 +326,28 @@ static void test_logits_in_chunks(void **state)
 }
 
 /* One worker, no clipping: the tiny job's final weights and each step's grad_norm from metrics.jsonl
- * (the metrics' precision) with the update after or during the backward. */
-static float *train_unclipped(const char *mode, double *norms, int steps, struct layout *lay)
+ * (the metrics' precision) with the update after or during the backward, gradients crossing in
+ * grad_dtype (fp32 or bf16). */
+static float *train_unclipped(const char *mode, const char *grad_dtype, double *norms, int steps, struct layout *lay)
 {
-    char p[1300], *out = NULL;
+    char p[1300], tag[64], *out = NULL;
+    snprintf(tag, sizeof tag, "%s-%s", mode, grad_dtype);
     int rc = tu_sh(&out,
                    "%s %s/job.ini runtime.gpus=1 train.grad_accum=1 train.grad_clip=0 train.steps=%d train.warmup=2 "
-                   "runtime.update_mode=%s data.val= log.every=1 log.dir=%s/unclipped/%s "
+                   "runtime.update_mode=%s runtime.grad_dtype=%s data.val= log.every=1 log.dir=%s/unclipped/%s "
                    "checkpoint.dir=%s/unclipped/%s/ckpt checkpoint.export_dtype=fp32 2>&1",
-                   tu_bin("slidedp-launch"), dir, steps, mode, dir, mode, dir, mode);
+                   tu_bin("slidedp-launch"), dir, steps, mode, grad_dtype, dir, tag, dir, tag);
     if (rc != 0)
         fail_msg("slidedp-launch exited %d:\n%s", rc, out);
     free(out);
-    snprintf(p, sizeof p, "%s/unclipped/%s/metrics.jsonl", dir, mode);
+    snprintf(p, sizeof p, "%s/unclipped/%s/metrics.jsonl", dir, tag);
     assert_int_equal(tu_metrics_values(p, "grad_norm", norms, steps), steps);
     struct model_config cfg;
     char cp[1400];
     snprintf(cp, sizeof cp, "%s/config.json", tu_src("examples/tiny-qwen3"));
     assert_int_equal(model_config_load(cp, &cfg), 0);
     assert_int_equal(layout_build(&cfg, 1, lay), 0);
-    snprintf(p, sizeof p, "%s/unclipped/%s/ckpt/final", dir, mode);
+    snprintf(p, sizeof p, "%s/unclipped/%s/ckpt/final", dir, tag);
     return final_weights(p, lay);
 }
 
@@ -358,8 +360,8 @@ static void test_norm_squared_in_update(void **state)
     enum { STEPS = 8 };
     double after[STEPS], during[STEPS];
     struct layout lay_a, lay_d;
-    float *wa = train_unclipped("after_backward", after, STEPS, &lay_a);
-    float *wd = train_unclipped("during_backward", during, STEPS, &lay_d);
+    float *wa = train_unclipped("after_backward", "fp32", after, STEPS, &lay_a);
+    float *wd = train_unclipped("during_backward", "fp32", during, STEPS, &lay_d);
     assert_memory_equal(wa, wd, sizeof(float) * (size_t)lay_a.total_numel);
     for (int s = 0; s < STEPS; s++) {
         printf("# step %d: grad_norm %.6f after the backward, %.6f squared in the update\n", s + 1, after[s], during[s]);
@@ -368,6 +370,39 @@ static void test_norm_squared_in_update(void **state)
     }
     free(wa);
     free(wd);
+    layout_free(&lay_a);
+    layout_free(&lay_d);
+}
+
+/* Gradients crossing to the host in bf16 (runtime.grad_dtype): the optimizer widens them where the
+ * reduction squares them (after the backward) and where the update does (during it), to the same
+ * weights bit for bit. Against fp32 gradients, the first step's norm (same weights, each gradient
+ * rounded to bf16, at most 2^-9 relative) differs by at most 2^-9 of it, and training goes on
+ * close by. */
+static void test_bf16_gradients(void **state)
+{
+    write_job("");
+    enum { STEPS = 8 };
+    double fp32[STEPS], after[STEPS], during[STEPS];
+    struct layout lay_f, lay_a, lay_d;
+    float *wf = train_unclipped("after_backward", "fp32", fp32, STEPS, &lay_f);
+    float *wa = train_unclipped("after_backward", "bf16", after, STEPS, &lay_a);
+    float *wd = train_unclipped("during_backward", "bf16", during, STEPS, &lay_d);
+    assert_memory_equal(wa, wd, sizeof(float) * (size_t)lay_a.total_numel);
+    for (int s = 0; s < STEPS; s++) {
+        printf("# step %d: grad_norm fp32 %.6f, bf16 %.6f after the backward, %.6f squared in the update\n", s + 1,
+               fp32[s], after[s], during[s]);
+        assert_true(fabs(after[s] - during[s]) <= 2e-6 * after[s] + 1e-6);
+    }
+    assert_true(fabs(after[0] - fp32[0]) <= 0x1p-9 * fp32[0] + 1e-6);
+    double err = weights_rel_err(wa, wf, lay_f.total_numel);
+    printf("# bf16 gradients vs fp32: final weights rel err %.2e\n", err);
+    assert_true(err > 0); /* bf16 took effect */
+    assert_true(err < 1e-2);
+    free(wf);
+    free(wa);
+    free(wd);
+    layout_free(&lay_f);
     layout_free(&lay_a);
     layout_free(&lay_d);
 }
@@ -399,6 +434,7 @@ int main(void)
         cmocka_unit_test(test_tiny_two_workers),
         cmocka_unit_test(test_norm_squared_in_update),
         cmocka_unit_test(test_logits_in_chunks),
+        cmocka_unit_test(test_bf16_gradients),
         cmocka_unit_test(test_on_device_accumulation_many_chunks),
         cmocka_unit_test(test_bad_input_creates_nothing),
     };

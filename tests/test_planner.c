@@ -271,6 +271,13 @@ static void test_memory_footprint(void **state)
     assert_int_equal(hm.master, total * 12);
     assert_int_equal(hm.grads, total * 4);
     layout_free(&lay);
+    /* the same with bf16 gradients: a bf16 accumulator, 16 bytes per parameter */
+    job.grad_dtype = GRAD_BF16;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(hm.grads, total * 2);
+    assert_int_equal(hm.params16 + hm.master + hm.grads, total * 16);
+    layout_free(&lay);
+    job.grad_dtype = GRAD_FP32;
     job.gpus = 2;
     p.update_mode = UPDATE_DURING_BACKWARD;
     /* the peer routes on 2 ranks (shm/ctl.h window_layout): 2 exchange slots of half the largest

@@ -62,6 +62,8 @@ struct backend_ops {
     /* Starts copying n fp32 gradients from device dst to registered host memory, after the
      * compute work queued so far. */
     void (*send_grads_async)(struct backend *be, int slot, float *dst_host, const float *src, size_t n);
+    /* The same, rounding each gradient to bf16 (nearest even) on the device on the way. */
+    void (*send_grads_bf16_async)(struct backend *be, int slot, uint16_t *dst_host, const float *src, size_t n);
     /* Blocks the calling thread until the slot's last send has landed in host memory. */
     void (*wait_grads_host)(struct backend *be, int slot);
     /* Makes compute queued from now on wait until the slot's last send has read its device

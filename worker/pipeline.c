@@ -478,19 +478,21 @@ static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64
                         .micro = w->micro,
                         .elem_begin = begin,
                         .elem_count = count};
-    float *host;
     if (h->grads_direct) {
         /* Nobody reads this part of the accumulator until the descriptor is out, and its previous
          * step's update finished before this step could read the chunk. The slot index only names
          * the copy's completion event. */
-        host = w->shm.grad_acc + ctl_chunks(h)[c].offset + begin;
+        size_t at = (size_t)ctl_chunks(h)[c].offset + (size_t)begin;
         post.direct = true;
         set_phase(w, PHASE_BACKWARD);
         fault_point("worker_direct_sending");
+        if (h->grads_bf16)
+            w->be.ops->send_grads_bf16_async(&w->be, si, w->shm.grad_acc16 + at, grad, (size_t)count);
+        else
+            w->be.ops->send_grads_async(&w->be, si, w->shm.grad_acc + at, grad, (size_t)count);
     } else {
-        host = claim_slot(w, si, &post.seq);
+        w->be.ops->send_grads_async(&w->be, si, claim_slot(w, si, &post.seq), grad, (size_t)count);
     }
-    w->be.ops->send_grads_async(&w->be, si, host, grad, (size_t)count);
     remember_grad_buf(w, grad, si);
     post_enqueue(w, post);
 }
@@ -574,7 +576,7 @@ static void post_one(struct worker *w, const struct post *p)
         .kind = DESC_GRAD,
         .elem_begin = (uint64_t)p->elem_begin,
         .elem_count = (uint64_t)p->elem_count,
-        .bytes = (uint64_t)p->elem_count * 4,
+        .bytes = (uint64_t)p->elem_count * (w->ctl->grads_bf16 && p->direct ? 2 : 4),
     };
     /* The ring has more entries than this rank has slots, so it cannot be full; without slots it
      * holds at most a step's chunks (the next step's need this one's updates), so it fills only

@@ -123,6 +123,13 @@ static void cpu_send_grads_async(struct backend *be, int slot, float *dst_host, 
     memcpy(dst_host, src, n * sizeof(float));
 }
 
+static void cpu_send_grads_bf16_async(struct backend *be, int slot, uint16_t *dst_host, const float *src, size_t n)
+{
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    for (size_t i = 0; i < n; i++)
+        dst_host[i] = f32_to_bf16(src[i]);
+}
+
 static void cpu_wait_grads_device(struct backend *be, int slot)
 {
 }
@@ -463,6 +470,7 @@ static const struct backend_ops cpu_ops = {
     .fetch_weights_async = cpu_fetch_weights_async,
     .wait_weights = cpu_wait_weights,
     .send_grads_async = cpu_send_grads_async,
+    .send_grads_bf16_async = cpu_send_grads_bf16_async,
     .wait_grads_host = cpu_wait_grads_host,
     .wait_grads_device = cpu_wait_grads_device,
     .copy_device = cpu_copy_device,

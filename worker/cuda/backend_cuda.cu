@@ -6,6 +6,7 @@
 #include <string.h>
 
 #define STAGE_FLOATS ((size_t)4 << 20) /* 16 MiB of fp32 staging for conversions */
+#define GRAD_STAGE_ELEMS ((size_t)8 << 20) /* 16 MiB of bf16 staging for gradients sent in bf16 */
 #define LT_WORKSPACE ((size_t)32 << 20)
 
 /* ---- memory: every byte is counted against the budget ---- */
@@ -186,6 +187,22 @@ static void cu_send_grads_async(struct backend *be, int slot, float *dst_host, c
     CUDA_CHECK(cudaEventRecord(cx->d2h_done[slot], cx->d2h));
 }
 
+/* Rounded on the d2h stream through grad_stage in pieces: the stream's order keeps a piece's
+ * rounding from overwriting the stage before the previous piece's copy has read it. */
+static void cu_send_grads_bf16_async(struct backend *be, int slot, uint16_t *dst_host, const float *src, size_t n)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(cx->d2h, cx->compute_mark, 0));
+    for (size_t i = 0; i < n; i += GRAD_STAGE_ELEMS) {
+        size_t m = n - i < GRAD_STAGE_ELEMS ? n - i : GRAD_STAGE_ELEMS;
+        cuda_convert_f32_to_bf16(cx->d2h, cx->grad_stage, src + i, m);
+        CUDA_CHECK(cudaMemcpyAsync(dst_host + i, cx->grad_stage, m * sizeof(bf16), cudaMemcpyDeviceToHost, cx->d2h));
+    }
+    CUDA_CHECK(cudaEventRecord(cx->d2h_done[slot], cx->d2h));
+}
+
 static void cu_wait_grads_device(struct backend *be, int slot)
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
@@ -255,6 +272,7 @@ static const struct backend_ops cuda_ops = {
     .fetch_weights_async = cu_fetch_weights_async,
     .wait_weights = cu_wait_weights,
     .send_grads_async = cu_send_grads_async,
+    .send_grads_bf16_async = cu_send_grads_bf16_async,
     .wait_grads_host = cu_wait_grads_host,
     .wait_grads_device = cu_wait_grads_device,
     .alloc_exported = cu_alloc_exported,
@@ -370,7 +388,8 @@ extern "C" int backend_cuda_init(struct backend *be, int device, size_t mem_budg
     }
     cx->lt_ws = budget_alloc(cx, LT_WORKSPACE, "cuBLASLt workspace");
     cx->stage = (float *)budget_alloc(cx, STAGE_FLOATS * sizeof(float), "conversion staging");
-    if (!cx->lt_ws || !cx->stage) {
+    cx->grad_stage = (bf16 *)budget_alloc(cx, GRAD_STAGE_ELEMS * sizeof(bf16), "gradient staging");
+    if (!cx->lt_ws || !cx->stage || !cx->grad_stage) {
         ctx_destroy(cx);
         return -1;
     }

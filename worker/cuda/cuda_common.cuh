@@ -58,6 +58,7 @@ struct cuda_ctx {
     size_t nallocs, cap_allocs;
     float *stage;                 /* fp32 staging for upload_f32/download_f32 */
     size_t stage_n;
+    bf16 *grad_stage;             /* bf16 staging for send_grads_bf16_async, used on the d2h stream */
     void *scratch;                /* per-op device scratch (partials, attention row terms) */
     size_t scratch_bytes;
 };
