@@ -1,7 +1,8 @@
 /* CPU optimizer benchmark (issue 5): AdamW with fused bf16 output over N parameters on T threads,
  * bare and as the optimizer process runs it (each 8192-element block computed in a staging area
  * and copied into place, for crash safety), beside a plain memcpy of the same arrays on the same
- * threads; reports bytes touched per second. usage: bench_optim [N_millions=256] [threads=all] */
+ * threads; and the journaled update reading bf16 gradients (runtime.grad_dtype = bf16: each block
+ * widened first); reports bytes touched per second. usage: bench_optim [N_millions=256] [threads=all] */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -15,10 +16,10 @@
 
 struct job {
     float *p, *m, *v, *g, *dst;
-    uint16_t *p16;
+    uint16_t *p16, *g16;
     size_t n;
     int threads, t;
-    int what; /* 0 adamw, 1 copy, 2 adamw through a staging block */
+    int what; /* 0 adamw, 1 copy, 2 adamw through a staging block, 3 the same from bf16 gradients */
     enum adamw_isa isa;
 };
 
@@ -39,16 +40,20 @@ static void *run(void *arg)
         memcpy(j->dst + b, j->p + b, (e - b) * sizeof(float));
         return NULL;
     }
-    float *stage = j->what == 2 ? malloc(8192 * 3 * sizeof(float) + 8192 * 2) : NULL;
+    float *stage = j->what >= 2 ? malloc(8192 * 4 * sizeof(float) + 8192 * 2) : NULL;
     for (size_t i = b; i < e; i += 8192) {
         size_t n = e - i < 8192 ? e - i : 8192;
         if (!stage) {
             adamw_update(j->isa, &st, j->p + i, j->m + i, j->v + i, j->g + i, j->p16 + i, n);
             continue;
         }
-        float *sp = stage, *sm = stage + 8192, *sv = stage + 2 * 8192;
-        uint16_t *s16 = (uint16_t *)(stage + 3 * 8192);
-        adamw_update_to(j->isa, &st, j->p + i, j->m + i, j->v + i, j->g + i, sp, sm, sv, s16, n);
+        float *sp = stage, *sm = stage + 8192, *sv = stage + 2 * 8192, *g = j->g + i;
+        uint16_t *s16 = (uint16_t *)(stage + 4 * 8192);
+        if (j->what == 3) {
+            g = stage + 3 * 8192;
+            bf16_to_f32_n(g, j->g16 + i, n);
+        }
+        adamw_update_to(j->isa, &st, j->p + i, j->m + i, j->v + i, g, sp, sm, sv, s16, n);
         adamw_store_staged(j->p + i, j->m + i, j->v + i, j->p16 + i, sp, sm, sv, s16, n);
     }
     free(stage);
@@ -78,19 +83,22 @@ int main(int argc, char **argv)
     int threads = argc > 2 ? atoi(argv[2]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     struct job j = {.n = n, .isa = adamw_isa_detect()};
     j.p = malloc(n * 4), j.m = calloc(n, 4), j.v = calloc(n, 4), j.g = malloc(n * 4), j.dst = malloc(n * 4);
-    j.p16 = malloc(n * 2);
+    j.p16 = malloc(n * 2), j.g16 = malloc(n * 2);
     for (size_t i = 0; i < n; i++) {
         j.p[i] = (float)(i % 1000) * 1e-3f;
         j.g[i] = (float)(i % 777) * 1e-4f;
         j.dst[i] = 0;
         j.p16[i] = 0;
+        j.g16[i] = f32_to_bf16(j.g[i]);
     }
-    double best_adam = 1e30, best_copy = 1e30, best_staged = 1e30;
+    double best_adam = 1e30, best_copy = 1e30, best_staged = 1e30, best_bf16 = 1e30;
     for (int r = 0; r < 3; r++) {
         double a = timed(&j, threads, 0), c = timed(&j, threads, 1), st = timed(&j, threads, 2);
+        double sb = timed(&j, threads, 3);
         best_adam = a < best_adam ? a : best_adam;
         best_copy = c < best_copy ? c : best_copy;
         best_staged = st < best_staged ? st : best_staged;
+        best_bf16 = sb < best_bf16 ? sb : best_bf16;
     }
     /* AdamW reads p, m, v, g and writes p, m, v, p16: 30 bytes per parameter; copy moves 8 */
     double adam_gbs = 30.0 * n / best_adam / 1e9, copy_gbs = 8.0 * n / best_copy / 1e9;
@@ -99,9 +107,12 @@ int main(int argc, char **argv)
     printf("RESULT optim_bytes_per_s %.4g\n", adam_gbs * 1e9);
     printf("RESULT copy_bytes_per_s %.4g\n", copy_gbs * 1e9);
     printf("RESULT staged_params_per_s %.4g\n", n / best_staged);
+    printf("RESULT staged_bf16_params_per_s %.4g\n", n / best_bf16);
     printf("adamw %.2f G params/s = %.1f GB/s touched; journaled %.2f G params/s = %.1f GB/s; memcpy %.1f GB/s; "
            "ratios %.2f %.2f\n",
            n / best_adam / 1e9, adam_gbs, n / best_staged / 1e9, 30.0 * n / best_staged / 1e9, copy_gbs,
            adam_gbs / copy_gbs, 30.0 * n / best_staged / 1e9 / copy_gbs);
+    printf("journaled from bf16 gradients %.2f G params/s = %.1f GB/s touched (28 bytes per parameter)\n",
+           n / best_bf16 / 1e9, 28.0 * n / best_bf16 / 1e9);
     return 0;
 }

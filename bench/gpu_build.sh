@@ -87,17 +87,17 @@ dir = $1/log
 EOF
 }
 
-# e2e_fixtures: `slidedp-launch --device cuda` on each parity fixture, its losses against the CPU
-# reference's (tests/fixtures/*/ref.json); one line each in $out/e2e.log and the summary.
+# e2e_fixtures [OVERRIDES...]: `slidedp-launch --device cuda` on each parity fixture (with the
+# overrides), its losses against the CPU reference's (tests/fixtures/*/ref.json); one line each in
+# $out/e2e.log and the summary.
 e2e_fixtures() {
-    : > "$out/e2e.log"
     for fx in qwen3_tied qwen3_untied_gqa8 qwen2 llama3; do
         local d=/tmp/e2e_$fx
         rm -rf "$d"
         timeout 60 "$build/slidedp-launch" --device cuda "tests/fixtures/$fx/job.ini" "log.dir=$d/log" \
-            "checkpoint.dir=$d/ckpt" >> "$out/e2e.log" 2>&1
+            "checkpoint.dir=$d/ckpt" "$@" >> "$out/e2e.log" 2>&1
         local rc=$?
-        python3 - "$d/log/metrics.jsonl" "tests/fixtures/$fx/ref.json" "$fx" "$rc" <<'PY' | tee -a "$out/e2e.log" "$out/summary.log"
+        python3 - "$d/log/metrics.jsonl" "tests/fixtures/$fx/ref.json" "$fx${1:+ $*}" "$rc" <<'PY' | tee -a "$out/e2e.log" "$out/summary.log"
 import json, sys
 path, ref, name, rc = sys.argv[1:]
 try:

@@ -24,6 +24,7 @@ grep -E '^# worst normalised error attention' "$out/test_backend_ops_builtin.log
 timeout 120 "$build/tests/test_parity" > "$out/test_parity.log" 2>&1
 log "test_parity exit $?"
 
+: > "$out/e2e.log"
 e2e_fixtures
 
 # ---- speed ----

@@ -5,8 +5,8 @@
 # same run (optimizer alone, PCIe alone, GPU compute alone); the Qwen3-4B shape in 24 GiB; the
 # parity fixtures on CUDA against the CPU reference. Prints one table; logs in $OUT.
 # Needs .gpudeps/ as gpu_issue4.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
-# ONLY="name ..." runs just those runs (names below, plus e2e and dram: the optimizer benchmark
-# beside the step's DMA traffic); NO_BOUNDS=1 skips the bounds; DEADLINE caps the call's seconds.
+# ONLY="name ..." runs just those runs (names below, plus e2e, e2e_bf16 and dram: the optimizer
+# benchmark beside the step's DMA traffic); NO_BOUNDS=1 skips the bounds; DEADLINE caps the call's seconds.
 . bench/gpu_build.sh
 peer=$deps/torch_peer.py
 w=/tmp/issue5
@@ -135,30 +135,43 @@ print(f"DMA alongside: {passes} passes of {n*2/1e9:.2f} GB in + {n*4/1e9:.2f} GB
 PY
     done
 fi
+# gradients crossing to the host in bf16 (runtime.grad_dtype), as the peer's mixed precision computes them
+bf16="runtime.grad_dtype=bf16"
+ours slidedp_8k_bf16_noclip 150 $k1 train.grad_clip=0 runtime.update_mode=during_backward $bf16
+ours slidedp_8k_bf16 150 $k1 $bf16
+ours slidedp_64k_mb8_bf16_noclip 150 train.micro_batch=8 train.grad_accum=2 train.steps=4 $k1 train.grad_clip=0 \
+    runtime.update_mode=during_backward $bf16
 ours slidedp_64k_mb8_k1 150 train.micro_batch=8 train.grad_accum=2 train.steps=4 $k1
 ours slidedp_64k_noclip 150 train.grad_accum=8 train.steps=4 $k1 train.grad_clip=0 runtime.update_mode=during_backward
 ours slidedp_64k_mb8_noclip 150 train.micro_batch=8 train.grad_accum=2 train.steps=4 $k1 train.grad_clip=0 \
     runtime.update_mode=during_backward
 
-# Qwen3-4B shape in 24 GiB: GPU memory sampled by nvidia-smi (the whole process, context included),
-# host memory as the job's /dev/shm objects
-if wanted slidedp_4b_24g; then
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/4b_gpu_mem.log" 2>&1 &
-    smi=$!
-    ( while sleep 5; do du -cb /dev/shm/slidedp.* 2>/dev/null | tail -1; done ) > "$out/4b_shm.log" &
-    shm=$!
-    ours slidedp_4b_24g 240 model.path=$root/examples/qwen3-4b runtime.gpu_mem=24G runtime.chunk_buffers=0 \
-        runtime.layers_per_chunk=0 train.steps=4
-    kill $smi $shm
-    peak=$(sort -n "$out/4b_gpu_mem.log" | tail -1)
-    shm_b=$(sort -n "$out/4b_shm.log" | tail -1 | cut -f1)
-    params=$(grep -oE '[0-9.]+M params' "$out/slidedp_4b_24g.log" | head -1)
-    log "4B at gpu_mem 24G: peak GPU memory ${peak:-nan} MiB ($(python3 -c "print(f'{${peak:-0}/1024:.2f}')") GiB); /dev/shm ${shm_b:-nan} bytes; $params"
-    echo "RESULT gpu_peak_mib_4b ${peak:-nan}" >> "$out/results.log"
-    echo "RESULT shm_bytes_4b ${shm_b:-nan}" >> "$out/results.log"
-fi
-
+# the parity fixtures on CUDA against the CPU reference's losses (fp32, then bf16 gradients)
+: > "$out/e2e.log"
 wanted e2e && e2e_fixtures
+wanted e2e_bf16 && e2e_fixtures $bf16
+
+# Qwen3-4B shape in 24 GiB (fp32 and bf16 gradients): GPU memory sampled by nvidia-smi (the whole
+# process, context included), host memory as the job's /dev/shm objects
+for name in slidedp_4b_24g slidedp_4b_24g_bf16; do
+    wanted $name || continue
+    extra=""
+    [ $name = slidedp_4b_24g_bf16 ] && extra=$bf16
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/${name}_gpu_mem.log" 2>&1 &
+    smi=$!
+    ( while sleep 5; do du -cb /dev/shm/slidedp.* 2>/dev/null | tail -1; done ) > "$out/${name}_shm.log" &
+    shm=$!
+    ours $name 240 model.path=$root/examples/qwen3-4b runtime.gpu_mem=24G runtime.chunk_buffers=0 \
+        runtime.layers_per_chunk=0 train.steps=4 $extra
+    kill $smi $shm
+    peak=$(sort -n "$out/${name}_gpu_mem.log" | tail -1)
+    shm_b=$(sort -n "$out/${name}_shm.log" | tail -1 | cut -f1)
+    params=$(grep -oE '[0-9.]+M params' "$out/$name.log" | head -1)
+    log "$name: peak GPU memory ${peak:-nan} MiB ($(python3 -c "print(f'{${peak:-0}/1024:.2f}')") GiB); /dev/shm ${shm_b:-nan} bytes; $params"
+    echo "RESULT gpu_peak_mib_$name ${peak:-nan}" >> "$out/results.log"
+    echo "RESULT shm_bytes_$name ${shm_b:-nan}" >> "$out/results.log"
+done
+
 
 python3 - "$out" <<'PY' | tee -a "$out/summary.log"
 import sys, re
@@ -170,16 +183,18 @@ for f in ("results.log", "bench_optim.log", "pcie.log", "bench_layer.log"):
             if line.startswith("RESULT "):
                 k, v = line.split()[1:3]
                 # the optimizer's bound: the faster of its thread counts
-                r[k] = max(r.get(k, 0.0), float(v)) if k == "staged_params_per_s" else float(v)
+                r[k] = max(r.get(k, 0.0), float(v)) if k.startswith("staged_") else float(v)
     except OSError:
         pass
 P = 1_720_574_976
 opt = P / r["staged_params_per_s"] if r.get("staged_params_per_s") else float("nan")
+opt16 = P / r["staged_bf16_params_per_s"] if r.get("staged_bf16_params_per_s") else float("nan")
 # 28 layers plus the LM head and cross-entropy (about 3 x 2 x 8192 x 2048 x 151936 FLOPs at ~600 TFLOP/s)
 gpu = 28 * r.get("layer_ms", float("nan")) / 1e3 + 3 * 2 * 8192 * 2048 * 151936 / 600e12
 pcie = r.get("pcie_bound", float("nan"))
 tok = lambda k, n: n / r[k] if r.get(k) and r[k] == r[k] else float("nan")
-print(f"bounds per 8k-token step: optimizer {opt:.3f} s, PCIe {pcie:.3f} s, GPU compute {gpu:.3f} s")
+print(f"bounds per 8k-token step: optimizer {opt:.3f} s (bf16 gradients {opt16:.3f} s), PCIe {pcie:.3f} s, "
+      f"GPU compute {gpu:.3f} s")
 b = max(opt, pcie, gpu)
 rows = [("slidedp 8k (2 x 4096), clipping", "slidedp_8k_k1", 8192),
         ("slidedp 8k, no clipping", "slidedp_8k_noclip", 8192),
@@ -187,17 +202,24 @@ rows = [("slidedp 8k (2 x 4096), clipping", "slidedp_8k_k1", 8192),
         ("slidedp 64k (2 x 4096 x 8)", "slidedp_64k", 65536), ("FSDP2 GPU-resident 64k", "fsdp2_gpu_64k", 65536),
         ("slidedp 64k (8 x 4096 x 2)", "slidedp_64k_mb8_k1", 65536),
         ("slidedp 64k (2 x 4096 x 8), no clipping", "slidedp_64k_noclip", 65536),
-        ("slidedp 64k (8 x 4096 x 2), no clipping", "slidedp_64k_mb8_noclip", 65536)]
+        ("slidedp 64k (8 x 4096 x 2), no clipping", "slidedp_64k_mb8_noclip", 65536),
+        ("slidedp 8k, bf16 gradients, clipping", "slidedp_8k_bf16", 8192),
+        ("slidedp 8k, bf16 gradients, no clipping", "slidedp_8k_bf16_noclip", 8192),
+        ("slidedp 64k (8 x 4096 x 2), bf16 gradients, no clipping", "slidedp_64k_mb8_bf16_noclip", 65536)]
 print(f"| {'run':40} | {'step s':>8} | {'tokens/s':>9} |")
 print(f"|{'-'*42}|{'-'*10}|{'-'*11}|")
 for name, k, n in rows:
     print(f"| {name:40} | {r.get(k, float('nan')):8.3f} | {tok(k, n):9.0f} |")
-for k, what in (("slidedp_8k_k1", "clipping"), ("slidedp_8k_noclip", "no clipping, as the peer")):
+b16 = max(opt16, pcie, gpu)
+for k, what, bb in (("slidedp_8k_k1", "clipping", b), ("slidedp_8k_noclip", "no clipping, as the peer", b),
+                    ("slidedp_8k_bf16", "bf16 gradients, clipping", b16),
+                    ("slidedp_8k_bf16_noclip", "bf16 gradients, no clipping", b16)):
     t = r.get(k, float('nan'))
-    print(f"slidedp 8k, {what}: {t / b:.2f}x the slowest bound ({b:.3f} s; goal <= 1.15), "
+    print(f"slidedp 8k, {what}: {t / bb:.2f}x the slowest bound ({bb:.3f} s; goal <= 1.15), "
           f"{r.get('fsdp2_offload_8k', float('nan')) / t:.2f}x FSDP2 offload's tokens/s (goal >= 4.5)")
 for k in ("slidedp_64k", "slidedp_64k_noclip"):
     print(f"{k} vs FSDP2 GPU 64k: {tok(k, 65536) / tok('fsdp2_gpu_64k', 65536):.2f}x (goal >= 1.0)")
-best = max(tok(k, 65536) for k in ("slidedp_64k", "slidedp_64k_mb8_k1", "slidedp_64k_noclip", "slidedp_64k_mb8_noclip"))
+best = max(tok(k, 65536) for k in ("slidedp_64k", "slidedp_64k_mb8_k1", "slidedp_64k_noclip", "slidedp_64k_mb8_noclip",
+                                   "slidedp_64k_mb8_bf16_noclip"))
 print(f"slidedp best 64k vs FSDP2 GPU 64k: {best / tok('fsdp2_gpu_64k', 65536):.2f}x (goal >= 1.1)")
 PY
