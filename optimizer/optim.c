@@ -312,8 +312,10 @@ static void update_lane(struct optim *o, int t)
     uint32_t ni = o->num_items[c], end = lane_begin(ni, o->threads, t + 1);
     uint32_t b = atomic_load_explicit(&cs->upd_done[t], memory_order_acquire);
     /* items a crashed predecessor updated: their gradient is still in the accumulator */
-    for (uint32_t i = lane_begin(ni, o->threads, t); o->norm_in_update && i < b; i++)
-        o->item_sumsq[i] = sumsq_f32(o->isa, grad_block(o, l, o->items[c][i].offset, o->items[c][i].n), o->items[c][i].n);
+    for (uint32_t i = lane_begin(ni, o->threads, t); o->norm_in_update && i < b; i++) {
+        const struct update_item *it = &o->items[c][i];
+        o->item_sumsq[i] = sumsq_f32(o->isa, grad_block(o, l, it->offset, it->n), it->n);
+    }
     for (; b < end; b++) {
         const struct update_item *it = &o->items[c][b];
         size_t off = it->offset, n = it->n;
