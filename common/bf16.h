@@ -4,6 +4,7 @@
 #define SD_BF16_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -23,6 +24,19 @@ static inline uint16_t f32_to_bf16(float f)
         return (uint16_t)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
+}
+
+/* n elements: widened (exact) and rounded. */
+static inline void bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = bf16_to_f32(src[i]);
+}
+
+static inline void f32_to_bf16_n(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = f32_to_bf16(src[i]);
 }
 
 /* Rounds an fp32 value to the nearest bf16-representable fp32 value. */

@@ -74,8 +74,7 @@ static void init_block(struct init_ctx *ctx, int t, int64_t block)
         }
     }
     uint16_t *q = ctx->params16 + td->offset;
-    for (int64_t i = begin; i < end; i++)
-        q[i] = f32_to_bf16(p[i]);
+    f32_to_bf16_n(q + begin, p + begin, (size_t)(end - begin));
     if (ctx->params16_odd) /* whichever parity the first version has, both copies start equal */
         memcpy(ctx->params16_odd + td->offset + begin, q + begin, (size_t)(end - begin) * sizeof *q);
 }

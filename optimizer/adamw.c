@@ -249,12 +249,6 @@ double sumsq_f32(enum adamw_isa isa, const float *x, size_t n)
     return total;
 }
 
-void bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        dst[i] = bf16_to_f32(src[i]);
-}
-
 void grad_add_to(float *dst, const float *a, const float *b, size_t n)
 {
     for (size_t i = 0; i < n; i++)

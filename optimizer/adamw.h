@@ -33,9 +33,6 @@ void adamw_update_to(enum adamw_isa isa, const struct adamw_step *s, const float
  * not depend on the ISA or on how callers split work between threads at multiples of 64. */
 double sumsq_f32(enum adamw_isa isa, const float *x, size_t n);
 
-/* dst = src widened from bf16 to fp32 (exact), n elements. */
-void bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
-
 /* dst = src (first contribution) or dst += src, elementwise fp32. */
 void grad_accumulate(float *dst, const float *src, size_t n, int first);
 /* dst = a + b, elementwise fp32. */

@@ -46,8 +46,7 @@ static int upload_all(struct resident_model *rm)
             free(tmp);
             return -1;
         }
-        for (int64_t i = 0; i < ch->numel; i++)
-            tmp[i] = f32_to_bf16(rm->params[ch->offset + i]);
+        f32_to_bf16_n(tmp, rm->params + ch->offset, (size_t)ch->numel);
         be->ops->fetch_weights_async(be, 0, rm->chunk_dev[c], tmp, (size_t)ch->numel);
         be->ops->wait_weights(be, 0);
         be->ops->synchronize(be);

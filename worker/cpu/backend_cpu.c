@@ -73,9 +73,7 @@ static void cpu_upload_f32(struct backend *be, void *dst, enum be_dtype dst_type
         memcpy(dst, src_host, n * sizeof(float));
         return;
     }
-    uint16_t *d = dst;
-    for (size_t i = 0; i < n; i++)
-        d[i] = f32_to_bf16(src_host[i]);
+    f32_to_bf16_n(dst, src_host, n);
 }
 
 static void cpu_download_f32(struct backend *be, float *dst_host, const void *src, enum be_dtype src_type, size_t n)
@@ -84,9 +82,7 @@ static void cpu_download_f32(struct backend *be, float *dst_host, const void *sr
         memcpy(dst_host, src, n * sizeof(float));
         return;
     }
-    const uint16_t *s = src;
-    for (size_t i = 0; i < n; i++)
-        dst_host[i] = bf16_to_f32(s[i]);
+    bf16_to_f32_n(dst_host, src, n);
 }
 
 static void cpu_synchronize(struct backend *be)
@@ -107,9 +103,7 @@ static void cpu_unregister_host(struct backend *be, void *p)
 static void cpu_fetch_weights_async(struct backend *be, int slot, void *dst, const uint16_t *src_host, size_t n)
 {
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
-    float *d = dst;
-    for (size_t i = 0; i < n; i++)
-        d[i] = bf16_to_f32(src_host[i]);
+    bf16_to_f32_n(dst, src_host, n);
 }
 
 static void cpu_wait_weights(struct backend *be, int slot)
@@ -126,8 +120,7 @@ static void cpu_send_grads_async(struct backend *be, int slot, float *dst_host, 
 static void cpu_send_grads_bf16_async(struct backend *be, int slot, uint16_t *dst_host, const float *src, size_t n)
 {
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
-    for (size_t i = 0; i < n; i++)
-        dst_host[i] = f32_to_bf16(src[i]);
+    f32_to_bf16_n(dst_host, src, n);
 }
 
 static void cpu_wait_grads_device(struct backend *be, int slot)
