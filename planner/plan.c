@@ -314,6 +314,16 @@ static int search_optim(struct search *S)
     return 0;
 }
 
+/* Rows of the micro-batch whose logits take about `mib` MiB (between 1 and all of them); the rows
+ * job.ini sets when it does (mib 0). */
+static int logits_rows_of(const struct job_config *job, const struct model_config *cfg, int64_t mib)
+{
+    int64_t N = (int64_t)job->micro_batch * job->seq_len;
+    int64_t row_bytes = (int64_t)cfg->vocab_size * (job->device == DEVICE_CPU ? 4 : 2);
+    int64_t rows = job->logits_rows > 0 ? job->logits_rows : (mib << 20) / row_bytes;
+    return (int)(rows < 1 ? 1 : rows > N ? N : rows);
+}
+
 /* Rows per cross-entropy chunk around the best shape, from about 64 MiB of logits up to the whole
  * micro-batch: each chunk reads and writes the LM head's fp32 weight gradient once, so larger
  * chunks trade GPU memory (fewer kept activations) for that traffic and for wider GEMMs. */
@@ -326,13 +336,11 @@ static int search_logits(struct search *S)
     if (cand_layout_build(S->cfg, tmpl.layers_per_chunk, &cl) != 0)
         return -1;
     int64_t N = (int64_t)S->job->micro_batch * S->job->seq_len;
-    int64_t row_bytes = (int64_t)S->cfg->vocab_size * (S->job->device == DEVICE_CPU ? 4 : 2);
     for (int64_t mib = 64;; mib *= 4) {
-        int64_t rows = (mib << 20) / row_bytes;
         struct plan p = tmpl;
-        p.logits_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
+        p.logits_rows = logits_rows_of(S->job, S->cfg, mib);
         consider(S, &p, &cl);
-        if (rows >= N)
+        if (p.logits_rows >= N)
             break;
     }
     cand_layout_free(&cl);
@@ -579,9 +587,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         .grad_route = GRADS_CPU,
     };
     /* about 64 MiB of logits at a time to start with (search_logits tries more) */
-    int64_t N = (int64_t)job->micro_batch * job->seq_len;
-    int64_t rows = job->logits_rows > 0 ? job->logits_rows : ((int64_t)64 << 20) / ((int64_t)cfg->vocab_size * (cpu ? 4 : 2));
-    tmpl.logits_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
+    tmpl.logits_rows = logits_rows_of(job, cfg, 64);
 
     struct search S;
     struct plan_route_option options[PLAN_MAX_ROUTES];
