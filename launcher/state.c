@@ -343,12 +343,12 @@ static void map_views(struct job_state *st)
     st->shm.exp_avg = st->shm.master + n;
     st->shm.exp_avg_sq = st->shm.master + 2 * n;
     st->shm.grads = st->grads_region.base;
-    st->shm.grad_acc = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum) ? st->shm.grads
-                                                                                       : st->shm.master + 3 * n;
-    if (plan_grads_bf16(&st->plan, &st->job)) {
-        st->shm.grad_acc16 = (uint16_t *)st->shm.grads;
-        st->shm.grad_acc = NULL;
-    }
+    /* as job_shm_attach maps them: the accumulator heads the grads region when gradients go
+     * straight into it (in bf16 when they cross in bf16), else follows v in the master region */
+    bool direct = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum);
+    bool bf16 = plan_grads_bf16(&st->plan, &st->job);
+    st->shm.grad_acc16 = bf16 ? (uint16_t *)st->shm.grads : NULL;
+    st->shm.grad_acc = bf16 ? NULL : direct ? st->shm.grads : st->shm.master + 3 * n;
 }
 
 static bool is_our_child(int pid)
