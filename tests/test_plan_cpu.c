@@ -1,8 +1,12 @@
 /* The step-time model against the clock: slidedp-launch --device cpu --gpus 1 trains the tiny
- * example model at three micro-batch x sequence sizes for 40 steps each, with a fresh calibration
- * of this host just before each run; the predicted step time it logs must be within 30% of the
- * median measured step time (the first steps skipped). The machine may be shared: runs are
- * sequential and the calibration is taken under the same conditions as the run. */
+ * example model at three micro-batch x sequence sizes, with a fresh calibration of this host just
+ * before each run; the predicted step time it logs must be within 30% of the median measured step
+ * time (the first steps skipped). The machine may be shared: runs are sequential and the
+ * calibration is taken under the same conditions as the run. A shared or virtual machine also
+ * changes speed by 10-15% for tens of seconds at a time (exp-heavy code most: attention and
+ * SwiGLU), which moves a calibration and the run after it apart by as much; so each size runs in
+ * two rounds, a minute apart (sizes A B C A B C), and the mean predicted time of the two is
+ * compared with the mean measured. */
 #include "tests/testutil.h"
 
 #include <cjson/cJSON.h>
@@ -10,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define STEPS 40
+#define MAX_STEPS 120
 #define SKIP 5
 
 static char dir[1024];
@@ -22,18 +26,18 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Runs one job; returns the predicted step time and the median measured one. */
-static void run_size(int mb, int T, double *predicted, double *measured)
+static void run_size(int round, int mb, int T, int steps, double *predicted, double *measured)
 {
     char ini[1200], text[2048], *out = NULL;
     snprintf(text, sizeof text,
              "[model]\npath = %s\ninit = random\n"
              "[data]\ntrain = data/train.bin\nseq_len = %d\n"
              "[train]\nmicro_batch = %d\ngrad_accum = 1\nsteps = %d\nlr = 1e-3\nseed = 1234\n"
-             "[checkpoint]\ndir = ckpt-%d-%d\n"
+             "[checkpoint]\ndir = ckpt-%d-%d-%d\n"
              "[runtime]\ndevice = cpu\ngpus = 1\n"
-             "[log]\ndir = log-%d-%d\nevery = 1000\n",
-             tu_src("examples/tiny-qwen3"), T, mb, STEPS, mb, T, mb, T);
-    snprintf(ini, sizeof ini, "%s/job-%d-%d.ini", dir, mb, T);
+             "[log]\ndir = log-%d-%d-%d\nevery = 1000\n",
+             tu_src("examples/tiny-qwen3"), T, mb, steps, mb, T, round, mb, T, round);
+    snprintf(ini, sizeof ini, "%s/job-%d-%d-%d.ini", dir, mb, T, round);
     tu_write_file(ini, text);
     int rc = tu_sh(&out, "%s --device cpu --gpus 1 --recalibrate %s 2>&1", tu_bin("slidedp-launch"), ini);
     const char *plan_line = out ? strstr(out, "plan: predicted") : NULL;
@@ -44,10 +48,10 @@ static void run_size(int mb, int T, double *predicted, double *measured)
     free(out);
     assert_int_equal(rc, 0);
 
-    snprintf(text, sizeof text, "%s/log-%d-%d/metrics.jsonl", dir, mb, T);
+    snprintf(text, sizeof text, "%s/log-%d-%d-%d/metrics.jsonl", dir, mb, T, round);
     char *metrics = tu_read_file(text, NULL);
     assert_non_null(metrics);
-    double step_s[STEPS];
+    double step_s[MAX_STEPS];
     int n = 0;
     *predicted = 0;
     for (char *line = strtok(metrics, "\n"); line; line = strtok(NULL, "\n")) {
@@ -57,14 +61,14 @@ static void run_size(int mb, int T, double *predicted, double *measured)
         assert_non_null(p);
         assert_non_null(s);
         *predicted = p->valuedouble;
-        assert_true(n < STEPS);
+        assert_true(n < steps);
         step_s[n++] = s->valuedouble;
         cJSON_Delete(o);
     }
     free(metrics);
-    assert_int_equal(n, STEPS);
-    qsort(step_s + SKIP, STEPS - SKIP, sizeof(double), cmp_double);
-    int m = STEPS - SKIP;
+    assert_int_equal(n, steps);
+    qsort(step_s + SKIP, (size_t)(steps - SKIP), sizeof(double), cmp_double);
+    int m = steps - SKIP;
     *measured = m % 2 ? step_s[SKIP + m / 2] : 0.5 * (step_s[SKIP + m / 2 - 1] + step_s[SKIP + m / 2]);
 }
 
@@ -80,17 +84,26 @@ static void test_predicted_vs_measured(void **state)
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("SLIDEDP_CACHE_DIR", cache, 1);
 
-    static const int sizes[][2] = {{16, 64}, {32, 64}, {8, 256}};
-    double pred[3], meas[3];
-    for (int i = 0; i < 3; i++)
-        run_size(sizes[i][0], sizes[i][1], &pred[i], &meas[i]);
-    printf("# micro_batch x seq_len   predicted    measured (median of steps %d-%d)   error\n", SKIP + 1, STEPS);
-    for (int i = 0; i < 3; i++)
-        printf("# %4d x %-4d           %8.4f s   %8.4f s                           %+5.1f%%\n", sizes[i][0],
-               sizes[i][1], pred[i], meas[i], 100.0 * (pred[i] / meas[i] - 1));
+    /* micro_batch, seq_len, steps: three to five seconds of steps each on the 2-core machine */
+    static const int sizes[][3] = {{16, 64, 80}, {32, 64, 40}, {8, 256, 30}};
+    enum { ROUNDS = 2 };
+    double pred[ROUNDS][3], meas[ROUNDS][3];
+    for (int r = 0; r < ROUNDS; r++)
+        for (int i = 0; i < 3; i++)
+            run_size(r, sizes[i][0], sizes[i][1], sizes[i][2], &pred[r][i], &meas[r][i]);
+    printf("# micro_batch x seq_len   round   predicted    measured (median of steps %d-)   error\n", SKIP + 1);
     for (int i = 0; i < 3; i++) {
-        assert_true(pred[i] > 0 && meas[i] > 0);
-        assert_true(fabs(pred[i] / meas[i] - 1) <= 0.30);
+        double p = 0, m = 0;
+        for (int r = 0; r < ROUNDS; r++) {
+            assert_true(pred[r][i] > 0 && meas[r][i] > 0);
+            printf("# %4d x %-4d           %d       %8.4f s   %8.4f s                    %+5.1f%%\n", sizes[i][0],
+                   sizes[i][1], r + 1, pred[r][i], meas[r][i], 100.0 * (pred[r][i] / meas[r][i] - 1));
+            p += pred[r][i] / ROUNDS;
+            m += meas[r][i] / ROUNDS;
+        }
+        printf("# %4d x %-4d           mean    %8.4f s   %8.4f s                    %+5.1f%%\n", sizes[i][0],
+               sizes[i][1], p, m, 100.0 * (p / m - 1));
+        assert_true(fabs(p / m - 1) <= 0.30);
     }
 }
 

@@ -46,5 +46,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fclose(f);
     struct job_config job;
     job_config_load(path, 0, NULL, &job);
+    unlink(path); /* nothing left in /dev/shm after a run */
     return 0;
 }
