@@ -47,6 +47,14 @@ struct plan {
     int64_t gpu_budget;     /* per GPU bytes the plan was fitted into; 0: the host's memory (CPU backend) */
 };
 
+/* Rows of N per cross-entropy chunk that hold about mib MiB of logits of row_bytes each, within
+ * [1, N]: the planner's first guess and search steps, and the worker's default without a plan. */
+static inline int plan_logits_rows_for(int64_t N, int64_t row_bytes, int64_t mib)
+{
+    int64_t rows = (mib << 20) / row_bytes;
+    return (int)(rows < 1 ? 1 : rows > N ? N : rows);
+}
+
 /* Whether the workers exchange shards through each other's device memory (DESIGN §6). */
 static inline bool plan_uses_exchange(const struct plan *p, int gpus)
 {

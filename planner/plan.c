@@ -319,9 +319,9 @@ static int search_optim(struct search *S)
 static int logits_rows_of(const struct job_config *job, const struct model_config *cfg, int64_t mib)
 {
     int64_t N = (int64_t)job->micro_batch * job->seq_len;
-    int64_t row_bytes = (int64_t)cfg->vocab_size * (job->device == DEVICE_CPU ? 4 : 2);
-    int64_t rows = job->logits_rows > 0 ? job->logits_rows : (mib << 20) / row_bytes;
-    return (int)(rows < 1 ? 1 : rows > N ? N : rows);
+    if (job->logits_rows > 0)
+        return (int)(job->logits_rows > N ? N : job->logits_rows);
+    return plan_logits_rows_for(N, (int64_t)cfg->vocab_size * (job->device == DEVICE_CPU ? 4 : 2), mib);
 }
 
 /* Rows per cross-entropy chunk around the best shape, from about 64 MiB of logits up to the whole

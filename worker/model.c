@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/plan.h"
 
 struct layer_acts {
     void *ln1;
@@ -129,11 +130,8 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     int L = cfg->num_layers;
     size_t N = (size_t)m->N, C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size;
     size_t V = (size_t)cfg->vocab_size;
-    if (logits_rows <= 0) {
-        /* about 64 MiB of logits at a time */
-        size_t rows = ((size_t)64 << 20) / (V * be_dtype_size(be->act_dtype));
-        logits_rows = rows < 1 ? 1 : rows > N ? (int)N : (int)rows;
-    }
+    if (logits_rows <= 0) /* no plan: about 64 MiB of logits at a time */
+        logits_rows = plan_logits_rows_for((int64_t)N, (int64_t)(V * be_dtype_size(be->act_dtype)), 64);
     m->logits_rows = logits_rows > (int)N ? (int)N : logits_rows;
 
     m->keep_acts = malloc((size_t)L);
