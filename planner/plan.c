@@ -314,8 +314,8 @@ static int search_optim(struct search *S)
     return 0;
 }
 
-/* Rows of the micro-batch whose logits take about `mib` MiB (between 1 and all of them); the rows
- * job.ini sets when it does (mib 0). */
+/* Rows of the micro-batch whose logits take about `mib` MiB (between 1 and all of them), or the
+ * rows job.ini sets when it sets runtime.logits_rows. */
 static int logits_rows_of(const struct job_config *job, const struct model_config *cfg, int64_t mib)
 {
     int64_t N = (int64_t)job->micro_batch * job->seq_len;
