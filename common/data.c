@@ -238,18 +238,23 @@ static int build_permutation(struct data_set *d, int64_t epoch)
     return 0;
 }
 
-int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask)
+/* The stored sequence that position k of the order reads (k >= 0): k mod nseq, permuted per epoch
+ * when shuffled. */
+static int stored_sequence(struct data_set *d, int64_t k, int64_t *kk)
 {
-    if (k < 0)
-        return sd_err("sequence index %lld is negative", (long long)k);
-    int64_t kk = k % d->num_sequences;
+    *kk = k % d->num_sequences;
     if (d->shuffle) {
         int64_t epoch = k / d->num_sequences;
         if (epoch != d->perm_epoch && build_permutation(d, epoch) != 0)
             return -1;
-        kk = d->perm[kk];
+        *kk = d->perm[*kk];
     }
+    return 0;
+}
 
+/* Tokens and target mask of stored sequence kk. */
+static void read_sequence(const struct data_set *d, int64_t kk, int32_t *tokens, uint8_t *target_mask)
+{
     /* Global positions [pos, pos + T] across the shards concatenated in order. */
     int64_t pos = kk * d->seq_len, end = pos + d->seq_len + 1;
     int64_t base = 0, j = 0;
@@ -267,7 +272,55 @@ int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *targe
         base += s->num_tokens;
     }
     SD_ASSERT(j == d->seq_len + 1);
+}
+
+int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask)
+{
+    if (k < 0)
+        return sd_err("sequence index %lld is negative", (long long)k);
+    int64_t kk;
+    if (stored_sequence(d, k, &kk) != 0)
+        return -1;
+    read_sequence(d, kk, tokens, target_mask);
     return 0;
+}
+
+/* Steps whose batches are looked at one by one, at most (steps x batch sequences). */
+#define CHECK_STEPS_MAX_SEQUENCES ((int64_t)1 << 26)
+
+int data_check_targets(struct data_set *d, int64_t steps, int64_t batch)
+{
+    if (!d->has_flags)
+        return 0;
+    int64_t n = d->num_sequences, with = 0;
+    uint8_t *has = calloc((size_t)n, 1), *mask = malloc((size_t)d->seq_len);
+    int32_t *tokens = malloc(((size_t)d->seq_len + 1) * sizeof *tokens);
+    int rc = has && mask && tokens ? 0 : sd_err("out of memory checking the training targets");
+    for (int64_t kk = 0; kk < n && rc == 0; kk++) {
+        read_sequence(d, kk, tokens, mask);
+        has[kk] = memchr(mask, 1, (size_t)d->seq_len) != NULL;
+        with += has[kk];
+    }
+    if (rc == 0 && with == 0)
+        rc = sd_err("no token of the data is a training target (SFT flags bit 0, not at a document start): there is "
+                    "no loss to train on");
+    if (rc == 0 && with < n && steps <= CHECK_STEPS_MAX_SEQUENCES / batch)
+        for (int64_t s = 1; s <= steps && rc == 0; s++) {
+            bool any = false;
+            for (int64_t j = 0; j < batch && !any && rc == 0; j++) {
+                int64_t kk;
+                rc = stored_sequence(d, (s - 1) * batch + j, &kk);
+                any = rc == 0 && has[kk];
+            }
+            if (rc == 0 && !any)
+                rc = sd_err("step %lld has no training target in any of its %lld sequences (only %lld of the %lld "
+                            "sequences have one): shuffle the data, use more sequences per step, or fewer steps",
+                            (long long)s, (long long)batch, (long long)with, (long long)n);
+        }
+    free(has);
+    free(mask);
+    free(tokens);
+    return rc;
 }
 
 /* ---- writers ---------------------------------------------------------------------------- */

@@ -59,6 +59,11 @@ void data_close(struct data_set *d);
  * on: always for llm.c shards, from the flags for SFT shards). target_mask may be NULL. */
 int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask);
 
+/* Refuses data without a training target, or (order known up front; up to 2^26 sequences looked
+ * at) where one of steps 1..steps, each of `batch` sequences, has none. Only SFT shards can lack
+ * targets. */
+int data_check_targets(struct data_set *d, int64_t steps, int64_t batch);
+
 /* Sequence index of row i on rank r at micro-step a of step s (from 1), DESIGN §1. */
 static inline int64_t data_seq_index(int64_t step, int a, int r, int i, int grad_accum, int gpus, int micro_batch)
 {

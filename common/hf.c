@@ -509,22 +509,77 @@ static void remove_export(const char *out_dir, int num_shards)
     rmdir(out_dir);
 }
 
+/* Writes the source config.json with every "torch_dtype" and "dtype" value set to the dtype of the
+ * exported weights (added at the top when there is none), the rest of the text unchanged. */
+static int write_config_with_dtype(const char *path, const char *text, size_t len, const char *dtype)
+{
+    char *out = NULL;
+    size_t out_len = 0;
+    FILE *m = open_memstream(&out, &out_len);
+    if (!m)
+        return sd_err("%s: out of memory", path);
+    bool found = false;
+    size_t i = 0;
+    while (i < len) {
+        size_t key_len = !strncmp(text + i, "\"torch_dtype\"", 13) ? 13 : !strncmp(text + i, "\"dtype\"", 7) ? 7 : 0;
+        size_t j = i + key_len;
+        while (key_len && j < len && strchr(" \t\r\n:", text[j]))
+            j++;
+        if (!key_len || j >= len || text[j] != '"' || !memchr(text + i + key_len, ':', j - i - key_len)) {
+            fputc(text[i++], m);
+            continue;
+        }
+        fwrite(text + i, 1, j - i, m); /* the key, the colon and the spaces around it */
+        for (j++; j < len && text[j] != '"'; j++)
+            j += text[j] == '\\';
+        fprintf(m, "\"%s\"", dtype);
+        i = j + 1;
+        found = true;
+    }
+    if (fclose(m) != 0)
+        return sd_err("%s: out of memory", path);
+    const char *brace = found ? NULL : memchr(out, '{', out_len);
+    int rc;
+    if (brace) {
+        size_t head = (size_t)(brace - out) + 1;
+        char *with = NULL;
+        size_t with_len = 0;
+        FILE *w = open_memstream(&with, &with_len);
+        if (!w) {
+            free(out);
+            return sd_err("%s: out of memory", path);
+        }
+        fwrite(out, 1, head, w);
+        fprintf(w, "\n  \"torch_dtype\": \"%s\",", dtype);
+        fwrite(out + head, 1, out_len - head, w);
+        rc = write_memstream(path, w, &with, &with_len);
+    } else {
+        rc = write_bytes(path, out, out_len);
+    }
+    free(out);
+    return rc;
+}
+
 static int export_files(const char *out_dir, const char *config_json_src, const struct model_config *cfg,
                         const struct layout *lay, const float *params, enum hf_export_dtype dtype,
                         const int *shard_of, int num_shards, uint64_t total)
 {
     char path[HF_PATH_MAX], file[64];
+    const char *dtype_name = dtype == HF_EXPORT_BF16 ? "bfloat16" : "float32";
     if (join(path, out_dir, "config.json") < 0)
         return -1;
     if (config_json_src) {
         size_t len;
         char *text = read_text(config_json_src, &len);
-        int rc = text ? write_bytes(path, text, len) : -1;
+        int rc = text ? write_config_with_dtype(path, text, len, dtype_name) : -1;
         free(text);
         if (rc < 0)
             return -1;
-    } else if (hf_config_write(path, cfg) < 0) {
-        return -1;
+    } else {
+        struct model_config with_dtype = *cfg;
+        snprintf(with_dtype.torch_dtype, sizeof with_dtype.torch_dtype, "%s", dtype_name);
+        if (hf_config_write(path, &with_dtype) < 0)
+            return -1;
     }
     for (int s = 0, first = 0; s < num_shards; s++) {
         int count = 0;

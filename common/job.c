@@ -468,6 +468,8 @@ int job_config_load(const char *ini_path, int num_overrides, char **overrides, s
         return sd_err("%s: cannot open job file: %s", ini_path, strerror(errno));
     if (strlen(abs_path) >= JOB_PATH_MAX)
         return sd_err("%s: path too long", ini_path);
+    if (is_dir(abs_path))
+        return sd_err("%s: is a directory; give the job file itself (an .ini file, e.g. examples/tiny.ini)", ini_path);
     snprintf(job->ini_path, sizeof job->ini_path, "%s", abs_path);
 
     struct parse_ctx c;

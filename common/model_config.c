@@ -79,6 +79,8 @@ static int get_int(const char *what, const cJSON *obj, const char *name, bool re
         return 0;
     }
     double d = cJSON_IsNumber(v) ? v->valuedouble : 0;
+    if (cJSON_IsNumber(v) && d > INT_MAX)
+        return bad_value(what, name, v, "is out of range: it must be an integer from 1 to 2147483647");
     if (!cJSON_IsNumber(v) || !(d >= 1 && d <= INT_MAX) || d != (double)(int)d)
         return bad_value(what, name, v, "is not a positive integer");
     *out = (int)d;
@@ -407,4 +409,16 @@ size_t model_config_num_params(const struct model_config *cfg)
     if (cfg->qk_norm)
         layer += 2 * D;
     return V * C + (size_t)cfg->num_layers * layer + C + (cfg->tie_word_embeddings ? 0 : V * C);
+}
+
+bool model_config_seq_len_warning(const struct model_config *cfg, int seq_len, char *out, size_t len)
+{
+    if (seq_len <= cfg->max_position_embeddings)
+        return false;
+    snprintf(out, len,
+             "warning: data.seq_len %d is above the model's max_position_embeddings %d: the positions beyond it "
+             "were never trained (this extends the context; raise max_position_embeddings in config.json, with "
+             "rope_scaling as the model needs, to say so)",
+             seq_len, cfg->max_position_embeddings);
+    return true;
 }

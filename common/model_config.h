@@ -52,6 +52,11 @@ struct model_config {
 int model_config_load(const char *config_json_path, struct model_config *out);
 int model_config_parse(const char *json_text, const char *what, struct model_config *out);
 
+/* Writes a one-line warning into out and returns true when seq_len is above the positions the
+ * model was trained for. Not a refusal: longer sequences are how a context is extended (RoPE takes
+ * any position), and the benchmarks train 32K-262K sequences of a 40K model. */
+bool model_config_seq_len_warning(const struct model_config *cfg, int seq_len, char *out, size_t len);
+
 /* Total number of trainable parameters (tied embeddings counted once). */
 size_t model_config_num_params(const struct model_config *cfg);
 

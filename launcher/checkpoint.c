@@ -67,14 +67,21 @@ static void prune(const struct job_state *st)
     DIR *d = opendir(st->job.ckpt_dir);
     if (!d)
         return;
-    uint32_t steps[4096];
-    int n = 0;
+    uint32_t *steps = NULL;
+    int n = 0, cap = 0;
     struct dirent *e;
-    while ((e = readdir(d)) && n < 4096) {
+    while ((e = readdir(d))) {
         unsigned s;
         char tail;
-        if (sscanf(e->d_name, "step-%u%c", &s, &tail) == 1)
-            steps[n++] = s;
+        if (sscanf(e->d_name, "step-%u%c", &s, &tail) != 1)
+            continue;
+        if (n == cap) {
+            uint32_t *more = realloc(steps, sizeof *steps * (size_t)(cap = cap ? 2 * cap : 64));
+            if (!more)
+                break; /* out of memory: prune what was listed */
+            steps = more;
+        }
+        steps[n++] = s;
     }
     closedir(d);
     for (int i = 0; i < n; i++) {
@@ -87,6 +94,7 @@ static void prune(const struct job_state *st)
             fs_rm_rf(dir);
         }
     }
+    free(steps);
 }
 
 int checkpoint_write(const struct job_state *st, uint32_t step)
@@ -139,6 +147,50 @@ int checkpoint_latest(const struct job_config *job, uint32_t *step)
     return 0;
 }
 
+/* The state tensor k ("master.", "exp_avg.", "exp_avg_sq.") of tensor td in f, or NULL with the
+ * reason when it is missing or has another dtype or size. */
+static const struct st_tensor *state_tensor(const struct st_file *f, int k, const struct tensor_desc *td,
+                                            const char *path)
+{
+    char name[ST_NAME_MAX];
+    snprintf(name, sizeof name, "%s%s", state_prefix[k], td->name);
+    const struct st_tensor *x = st_find(f, name);
+    if (!x || x->dtype != ST_F32 || x->numel != td->numel) {
+        sd_err("%s: tensor %s %s", path, name,
+               !x ? "is missing" : x->dtype != ST_F32 ? "is not F32" : "has another number of elements");
+        return NULL;
+    }
+    return x;
+}
+
+int checkpoint_check(const struct job_state *st, uint32_t step)
+{
+    const struct job_config *job = &st->job;
+    if (step > (uint32_t)job->steps)
+        return sd_err("[checkpoint] dir %s holds step-%u, past train.steps = %d: raise train.steps to train on from "
+                      "it, or start over with checkpoint.resume = never (or another checkpoint.dir)",
+                      job->ckpt_dir, step, job->steps);
+    char dir[JOB_PATH_MAX + 32], path[JOB_PATH_MAX + 96];
+    step_dir(st, step, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    struct st_file f;
+    int rc = st_open(path, &f);
+    if (rc == 0) {
+        for (int k = 0; k < 3 && rc == 0; k++)
+            for (int t = 0; t < st->lay.num_tensors && rc == 0; t++)
+                rc = state_tensor(&f, k, &st->lay.tensors[t], path) ? 0 : -1;
+        st_close(&f);
+    }
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", sd_errmsg());
+        return sd_err("cannot resume from %s (%s): it is a checkpoint of another model or configuration; start over "
+                      "with checkpoint.resume = never, or use another checkpoint.dir",
+                      dir, why);
+    }
+    return 0;
+}
+
 int checkpoint_load(struct job_state *st, uint32_t step)
 {
     char dir[JOB_PATH_MAX + 32], path[JOB_PATH_MAX + 96];
@@ -152,11 +204,9 @@ int checkpoint_load(struct job_state *st, uint32_t step)
     for (int k = 0; k < 3 && rc == 0; k++)
         for (int t = 0; t < st->lay.num_tensors && rc == 0; t++) {
             const struct tensor_desc *td = &st->lay.tensors[t];
-            char name[ST_NAME_MAX];
-            snprintf(name, sizeof name, "%s%s", state_prefix[k], td->name);
-            const struct st_tensor *x = st_find(&f, name);
-            if (!x || x->dtype != ST_F32 || x->numel != td->numel)
-                rc = sd_err("%s: tensor %s is missing or has the wrong dtype or size", path, name);
+            const struct st_tensor *x = state_tensor(&f, k, td, path);
+            if (!x)
+                rc = -1;
             else
                 memcpy(arrays[k] + td->offset, x->data, (size_t)td->numel * sizeof(float));
         }

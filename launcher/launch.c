@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #define KILL_GRACE_MS 5000
 #define MAX_FAILURES_WITHOUT_PROGRESS 3 /* a process dying this often with no step committed: crash loop */
 #define RESTART_BACKOFF_MS 100          /* doubled for each failure without progress */
+#define EXIT_NONFINITE 3                /* a step's loss or gradient norm was not finite (README) */
 
 extern char **environ;
 
@@ -67,6 +69,9 @@ struct sup {
     bool ready_seen;
     bool crash_loop;   /* stopping because a process kept dying */
     bool fatal_at_start; /* a process could not start: bad input, exit 2 */
+    uint32_t nonfinite_step; /* the step whose loss or gradient norm was not finite (0: none) */
+    char nonfinite_what[768];     /* its values and the first tensor concerned */
+    char last_good[JOB_PATH_MAX + 96]; /* the newest checkpoint on disk after such a stop */
     char metrics_path[JOB_PATH_MAX + 32];
     int pending_restarts;
     int gang_dying;    /* workers killed for a gang restart that have not exited yet */
@@ -241,6 +246,33 @@ static int open_metrics(struct sup *s)
     return s->metrics ? 0 : sd_err("cannot write %s: %s", path, strerror(errno));
 }
 
+static bool all_flags(const _Atomic uint8_t *flags, int n)
+{
+    for (int r = 0; r < n; r++)
+        if (!atomic_load_explicit(&flags[r], memory_order_acquire))
+            return false;
+    return true;
+}
+
+/* The step's batch loss (DESIGN §2), NaN while a rank's part is not in. */
+static double step_loss(const struct ctl_header *h, const struct step_record *rec)
+{
+    double sum = 0;
+    for (int r = 0; r < h->gpus; r++)
+        sum += rec->loss_sum[r];
+    return all_flags(rec->rank_done, h->gpus) ? sum / (double)rec->tokens : NAN;
+}
+
+/* x as a JSON number with printf format fmt, or null when it is not finite (JSON has no NaN). */
+static const char *json_num(char *buf, size_t len, const char *fmt, double x)
+{
+    if (!isfinite(x))
+        snprintf(buf, len, "null");
+    else
+        snprintf(buf, len, fmt, x);
+    return buf;
+}
+
 static int write_metrics(struct sup *s, uint32_t step, const struct step_record *rec)
 {
     if (!s->metrics && open_metrics(s) != 0) {
@@ -249,10 +281,7 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     }
     const struct job_config *job = &s->h->job;
     int G = s->h->gpus;
-    double loss = 0;
-    for (int r = 0; r < G; r++)
-        loss += rec->loss_sum[r];
-    loss /= (double)rec->tokens;
+    double loss = step_loss(s->h, rec);
     uint64_t t_commit = s->commit_ns[step % CTL_STEP_RECORDS];
     double step_s = (double)(t_commit - s->t_prev) * 1e-9;
     s->t_prev = t_commit;
@@ -274,7 +303,9 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
         if (vc > 0) {
             val_loss = vl / (double)vc;
             val_acc = (double)vok / (double)vc;
-            snprintf(val, sizeof val, ",\"val_loss\":%.6f,\"val_acc\":%.6f", val_loss, val_acc);
+            char vl_text[32], va_text[32];
+            snprintf(val, sizeof val, ",\"val_loss\":%s,\"val_acc\":%s",
+                     json_num(vl_text, sizeof vl_text, "%.6f", val_loss), json_num(va_text, sizeof va_text, "%.6f", val_acc));
         }
     }
     publish_stats(s, step, loss, rec, step_s, tok_s, tokens, val_loss, val_acc);
@@ -292,12 +323,16 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
         }
         snprintf(links[k] + n, sizeof links[k] - n, "]");
     }
+    char num[7][32];
     fprintf(s->metrics,
-            "{\"step\":%u,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens\":%lld,\"targets\":%lld,"
-            "\"step_s\":%.6f,\"predicted_step_s\":%.6f,\"tok_s\":%.1f,\"clip_coef\":%.6f,\"h2d_bytes\":%s,"
+            "{\"step\":%u,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens\":%lld,\"targets\":%lld,"
+            "\"step_s\":%s,\"predicted_step_s\":%s,\"tok_s\":%s,\"clip_coef\":%s,\"h2d_bytes\":%s,"
             "\"d2h_bytes\":%s,\"peer_bytes\":%s%s}\n",
-            step, loss, rec->lr, rec->grad_norm, (long long)tokens, (long long)rec->tokens, step_s,
-            s->h->plan.predicted_step_s, tok_s, rec->clip_coef, links[0], links[1], links[2], val);
+            step, json_num(num[0], 32, "%.6f", loss), json_num(num[1], 32, "%.6e", rec->lr),
+            json_num(num[2], 32, "%.6f", rec->grad_norm), (long long)tokens, (long long)rec->tokens,
+            json_num(num[3], 32, "%.6f", step_s), json_num(num[4], 32, "%.6f", s->h->plan.predicted_step_s),
+            json_num(num[5], 32, "%.1f", tok_s), json_num(num[6], 32, "%.6f", rec->clip_coef), links[0], links[1],
+            links[2], val);
     fflush(s->metrics);
     if (step % (uint32_t)job->log_every == 0 || step == (uint32_t)job->steps || val[0]) {
         printf("step %5u/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.3fs  %.0f tok/s", step, job->steps, loss, rec->lr,
@@ -310,12 +345,26 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     return 0;
 }
 
-static bool all_flags(const _Atomic uint8_t *flags, int n)
+/* Step s's gradient norm is known and not finite, or every rank's loss is in and their sum is not. */
+static bool step_is_nonfinite(const struct ctl_header *h, uint32_t s, const struct step_record *rec)
 {
-    for (int r = 0; r < n; r++)
-        if (!atomic_load_explicit(&flags[r], memory_order_acquire))
-            return false;
-    return true;
+    /* acquire: pairs with the release stores of these flags after the values they cover */
+    if (atomic_load_explicit(&rec->step, memory_order_acquire) != s)
+        return false;
+    if (atomic_load_explicit(&rec->norm_written, memory_order_acquire) && !isfinite(rec->grad_norm))
+        return true;
+    return all_flags(rec->rank_done, h->gpus) && !isfinite(step_loss(h, rec));
+}
+
+/* Stops the job on step s's non-finite loss or gradient norm: its metrics line (with nulls) is
+ * written and every process leaves; finish() exports nothing and keeps the last good checkpoint. */
+static void stop_nonfinite(struct sup *s, uint32_t step, const struct step_record *rec)
+{
+    s->nonfinite_step = step;
+    s->commit_ns[step % CTL_STEP_RECORDS] = clock_ns();
+    write_metrics(s, step, rec);
+    transition(s, SUP_FAILED);
+    s->exit_code = EXIT_NONFINITE;
 }
 
 /* Logs every step that is complete, in order, and writes the checkpoints that are due. */
@@ -329,9 +378,13 @@ static void poll_steps(struct sup *s)
     uint32_t committed = ctl_committed_step(h);
     for (uint64_t now = clock_ns(); s->commits_seen < committed; s->commits_seen++)
         s->commit_ns[(s->commits_seen + 1) % CTL_STEP_RECORDS] = now;
-    while (s->logged < (uint32_t)h->job.steps) {
+    while (s->logged < (uint32_t)h->job.steps && !s->nonfinite_step) {
         uint32_t next = s->logged + 1;
         struct step_record *rec = ctl_step(h, next);
+        if (step_is_nonfinite(h, next, rec)) {
+            stop_nonfinite(s, next, rec);
+            break;
+        }
         /* acquire: pairs with the release stores that set these flags after the data they cover */
         if (atomic_load_explicit(&rec->step, memory_order_acquire) != next || committed < next ||
             !atomic_load_explicit(&rec->norm_written, memory_order_acquire) || !all_flags(rec->rank_done, h->gpus))
@@ -389,6 +442,8 @@ static void checkpoint_on_stop(struct sup *s)
     uint32_t committed = ctl_committed_step(h);
     if (committed == 0 || committed <= atomic_load(&h->ckpt_done_step))
         return;
+    if (s->nonfinite_step && committed >= s->nonfinite_step)
+        return; /* updated during the backward with the non-finite gradients: not worth keeping */
     if (!state_consistent(h, committed)) {
         fprintf(stderr, "slidedp-launch: step %u was partly applied when the job stopped; the newest consistent "
                         "checkpoint is step-%u on disk\n",
@@ -402,6 +457,63 @@ static void checkpoint_on_stop(struct sup *s)
     }
     atomic_store(&h->ckpt_done_step, committed);
     printf("checkpoint step-%u written\n", committed);
+}
+
+static bool any_nonfinite_f32(const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return true;
+    return false;
+}
+
+static bool any_nonfinite_bf16(const uint16_t *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if ((x[i] & 0x7f80) == 0x7f80)
+            return true;
+    return false;
+}
+
+/* After a non-finite stop, with every process gone: the step's values, the first tensor whose
+ * weights are not finite, else how many gradients are not and the first the backward reached
+ * (the last in model order); and the newest checkpoint left on disk. */
+static void describe_nonfinite(struct sup *s)
+{
+    const struct job_state *st = &s->st;
+    const struct step_record *rec = ctl_step(s->h, s->nonfinite_step);
+    char loss[32], norm[32];
+    snprintf(loss, sizeof loss, "%g", step_loss(s->h, rec));
+    if (atomic_load(&rec->norm_written))
+        snprintf(norm, sizeof norm, "%g", rec->grad_norm);
+    else
+        snprintf(norm, sizeof norm, "not computed");
+    int first_weights = -1, last_grads = -1, bad_grads = 0;
+    for (int t = 0; t < st->lay.num_tensors; t++) {
+        const struct tensor_desc *td = &st->lay.tensors[t];
+        if (first_weights < 0 && any_nonfinite_f32(st->shm.master + td->offset, td->numel))
+            first_weights = t;
+        bool bad = st->shm.grad_acc16 ? any_nonfinite_bf16(st->shm.grad_acc16 + td->offset, td->numel)
+                                      : any_nonfinite_f32(st->shm.grad_acc + td->offset, td->numel);
+        if (bad) {
+            bad_grads++;
+            last_grads = t;
+        }
+    }
+    size_t n = (size_t)snprintf(s->nonfinite_what, sizeof s->nonfinite_what, "loss %s, grad_norm %s", loss, norm);
+    if (first_weights >= 0)
+        snprintf(s->nonfinite_what + n, sizeof s->nonfinite_what - n, "; the weights of %s are not finite",
+                 st->lay.tensors[first_weights].name);
+    else if (bad_grads > 0)
+        snprintf(s->nonfinite_what + n, sizeof s->nonfinite_what - n,
+                 "; the gradients of %d of %d tensors are not finite, the first the backward reached: %s", bad_grads,
+                 st->lay.num_tensors, st->lay.tensors[last_grads].name);
+    uint32_t good = 0;
+    checkpoint_latest(&st->job, &good);
+    if (good > 0)
+        snprintf(s->last_good, sizeof s->last_good, "step-%u in %s", good, st->job.ckpt_dir);
+    else
+        snprintf(s->last_good, sizeof s->last_good, "none (no checkpoint was written; checkpoint.every sets them)");
 }
 
 static void finish(struct sup *s)
@@ -428,6 +540,8 @@ static void finish(struct sup *s)
         if (s->state != SUP_FAILED)
             s->exit_code = s->crash_loop ? 1 : 130;
         checkpoint_on_stop(s);
+        if (s->nonfinite_step)
+            describe_nonfinite(s);
     }
     uv_close((uv_handle_t *)&s->poll_timer, NULL);
     uv_close((uv_handle_t *)&s->kill_timer, NULL);
@@ -740,6 +854,16 @@ int launch_run(const struct launch_opts *opts)
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         return 2;
     }
+    if (s->st.finished) {
+        printf("slidedp-launch: this job is already finished: %s holds step-%d (train.steps) and final/; nothing "
+               "to train. To train again from the start: checkpoint.resume=never (replaces final/ and "
+               "metrics.jsonl) or remove %s; to train longer: raise train.steps\n",
+               job->ckpt_dir, job->steps, job->ckpt_dir);
+        return 0;
+    }
+    char warning[512];
+    if (model_config_seq_len_warning(&s->st.cfg, job->seq_len, warning, sizeof warning))
+        fprintf(stderr, "slidedp-launch: %s\n", warning);
     s->h = s->st.shm.ctl;
     if (s->st.adopted) {
         state_replace_orphans(&s->st);
@@ -799,6 +923,9 @@ int launch_run(const struct launch_opts *opts)
         s->exit_code = 2;
     else if (s->crash_loop)
         fprintf(stderr, "slidedp-launch: job stopped: a process kept dying\n");
+    else if (s->nonfinite_step)
+        fprintf(stderr, "slidedp-launch: job stopped at step %u: %s; nothing exported; the last good checkpoint is %s\n",
+                s->nonfinite_step, s->nonfinite_what, s->last_good);
     else if (s->exit_code != 0 && s->exit_code != 130)
         fprintf(stderr, "slidedp-launch: job failed (state %s)\n", state_name(s->state));
     return s->exit_code;

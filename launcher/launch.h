@@ -26,6 +26,7 @@ struct job_state {
     bool created;       /* the shm objects exist and are ours to remove */
     bool adopted;       /* the state was left by a launcher that died; we continue it */
     uint32_t resumed_step; /* the disk checkpoint the state was loaded from (0: none) */
+    bool finished;         /* checkpoint.dir holds the last step and final/: nothing was created */
     uint64_t job_hash;
     uint64_t window_shm_bytes; /* per rank exchange window in the grads region (CPU backend) */
 };
@@ -38,10 +39,18 @@ void state_destroy(struct job_state *st);
 /* Stops any process of a dead launcher that still runs, and frees what they held (adoption). */
 void state_replace_orphans(struct job_state *st);
 
+/* Before anything is created (preflight.c): log.dir and checkpoint.dir exist as writable
+ * directories or can be created; a warning when the disk lacks space for the checkpoints and the
+ * export. */
+int preflight_paths(const struct job_state *st);
+
 /* Disk checkpoints (checkpoint.c): step-S/ with the HF weights and the optimizer state. */
 int checkpoint_write(const struct job_state *st, uint32_t step);
 /* The newest complete step-S/ in checkpoint.dir (0 when none). */
 int checkpoint_latest(const struct job_config *job, uint32_t *step);
+/* Refuses to resume from step-S/ when it is past train.steps or does not match the model (every
+ * state tensor present with its size), with a hint; reads only the file's header. */
+int checkpoint_check(const struct job_state *st, uint32_t step);
 /* Loads master, m and v of step-S/ into the state (the layout must match). */
 int checkpoint_load(struct job_state *st, uint32_t step);
 

@@ -38,11 +38,18 @@ static int clean_job(const char *ini, int n, char **overrides)
         }
     }
     const char *what[] = {"ctl", "params16", "master", "grads"};
+    int removed = 0;
     for (int i = 0; i < 4; i++) {
         ctl_region_name(name, what[i], obj, sizeof obj);
-        shm_region_unlink(obj);
+        if (shm_region_exists(obj)) {
+            shm_region_unlink(obj);
+            removed++;
+        }
     }
-    printf("removed the shared state of job %s\n", name);
+    if (removed == 0)
+        printf("job %s (log.dir %s) has no shared state in /dev/shm: nothing to remove\n", name, job.log_dir);
+    else
+        printf("removed the shared state of job %s (%d object(s) in /dev/shm)\n", name, removed);
     return 0;
 }
 

@@ -394,6 +394,15 @@ void state_replace_orphans(struct job_state *st)
     atomic_store(&h->workers_ready, 0);
 }
 
+/* The newest checkpoint is of the last step and final/ is exported: a relaunch
+ * would train nothing. */
+static bool job_is_finished(const struct job_state *st)
+{
+    char final[JOB_PATH_MAX + 16];
+    snprintf(final, sizeof final, "%s/final", st->job.ckpt_dir);
+    return st->resumed_step == (uint32_t)st->job.steps && fs_exists(final);
+}
+
 int state_create(struct job_state *st)
 {
     struct job_config *job = &st->job;
@@ -403,6 +412,11 @@ int state_create(struct job_state *st)
     struct data_set data;
     if (data_open(job->data_train, job->seq_len, st->cfg.vocab_size, job->shuffle, job->seed, &data) != 0)
         return sd_err_prefix("[data] train");
+    int64_t batch = (int64_t)job->gpus * job->grad_accum * job->micro_batch;
+    if (data_check_targets(&data, job->steps, batch) != 0) {
+        data_close(&data);
+        return sd_err_prefix("[data] train %s", job->data_train);
+    }
     data_close(&data);
     if (job->data_val[0]) {
         if (data_open(job->data_val, job->seq_len, st->cfg.vocab_size, false, job->seed, &data) != 0)
@@ -451,8 +465,17 @@ int state_create(struct job_state *st)
         rc = -1;
     if (rc == 0 && job->resume_auto)
         rc = checkpoint_latest(job, &st->resumed_step);
+    if (rc == 0 && st->resumed_step > 0 && job_is_finished(st)) {
+        hf_weights_close(&weights);
+        st->finished = true;
+        return 0;
+    }
+    if (rc == 0 && st->resumed_step > 0)
+        rc = checkpoint_check(st, st->resumed_step);
     if (rc == 0)
         rc = check_host_memory(sz.ctl_bytes + sz.params16_bytes + sz.master_bytes + sz.grads_bytes);
+    if (rc == 0)
+        rc = preflight_paths(st);
     if (rc == 0)
         rc = create_regions(st, &sz);
     if (rc != 0) {

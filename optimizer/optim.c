@@ -676,6 +676,10 @@ int optim_run(const struct optim_args *args)
             rec->clip_coef = coef;
             atomic_store_explicit(&rec->norm_written, 1, memory_order_release);
         }
+        /* A non-finite norm: the weights stay those of step s-1 (unless this step's updates ran
+         * during the backward); the launcher sees the norm and stops the job. */
+        if (!isfinite(norm))
+            break;
         if (!during_backward) {
             if (wait_checkpoint(o, s) != 0)
                 return 0;

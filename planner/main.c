@@ -126,9 +126,11 @@ static void print_text(const struct report *r)
 
     const struct gpu_mem_pred *g = &in->gpu;
     int L = r->cfg->num_layers;
-    printf("\n%s memory per rank: %s of %s%s\n", cpu ? "worker" : "GPU", sz(g->total),
-           sz(in->gpu_budget),
-           in->gpu_auto ? (cpu ? " (auto: what the host has left)" : " (auto: calibrated device memory)") : "");
+    if (cpu && in->gpu_auto && in->gpu_budget == 0)
+        printf("\nworker memory per rank: %s (auto: the host has nothing left beyond the shared state)\n", sz(g->total));
+    else
+        printf("\n%s memory per rank: %s of %s%s\n", cpu ? "worker" : "GPU", sz(g->total), sz(in->gpu_budget),
+               in->gpu_auto ? (cpu ? " (auto: what the host has left)" : " (auto: calibrated device memory)") : "");
     printf("  chunk buffers    %10s  (%d x largest chunk)\n", sz(g->chunk_bufs), r->plan->chunk_buffers);
     printf("  gradient buffers %10s\n", sz(g->grad_bufs));
     printf("  layer inputs     %10s  (%d x %s)\n", sz(g->layer_inputs), L + 1,
@@ -152,7 +154,9 @@ static void print_text(const struct report *r)
         printf("  + the workers' memory %s (the CPU backend's device memory is host memory)\n", sz(h->workers));
     if (in->host_available > 0)
         printf("  this host has %s available: %s\n", sz(in->host_available),
-               in->host_fits ? "fits" : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
+               in->host_fits ? "fits"
+                             : cpu ? "DOES NOT FIT; the job cannot run on this host (planned for the workers alone)"
+                                   : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
 
     if (in->num_whatifs > 0) {
         printf("\nnot implemented yet, on this plan:\n");
@@ -180,6 +184,8 @@ static void print_text(const struct report *r)
            "%.2f ns x D + %.2f ns per pair\n",
            c->gemm_flops / 1e9, c->gemm_elem_s * 1e9, c->attn_fwd_pair_dim_s * 1e9, c->attn_fwd_pair_s * 1e9,
            c->attn_bwd_pair_dim_s * 1e9, c->attn_bwd_pair_s * 1e9);
+    if (cpu)
+        return; /* the CPU backend uses no GPU rates */
     printf("calibration, GPU: %s\n", cal->gpu_file[0] ? cal->gpu_file
                                                      : "no calibration file: one H200's numbers (DESIGN §10, "
                                                        "bench/NOTES_issue4.md), assumed");
@@ -457,6 +463,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         return 2;
     }
+    char warning[512];
+    if (model_config_seq_len_warning(&cfg, job.seq_len, warning, sizeof warning))
+        fprintf(stderr, "slidedp-plan: %s\n", warning);
     struct calib cal;
     if (calib_load(&cal) != 0) {
         fprintf(stderr, "slidedp-plan: calibration: %s\n", sd_errmsg());

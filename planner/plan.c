@@ -646,10 +646,9 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         info->host_available = S.host_avail;
         info->host_fits = host_fits;
         info->gpu_auto = job->gpu_mem == 0;
-        /* the workers share what the state leaves of the host */
-        info->gpu_budget = plan->gpu_budget ? plan->gpu_budget
-                           : S.host_avail > 0 ? (S.host_avail - (S.best_host.total - S.best_host.workers)) / job->gpus
-                                              : 0;
+        /* the workers share what the state leaves of the host (nothing when the state alone does not fit) */
+        int64_t left = S.host_avail - (S.best_host.total - S.best_host.workers);
+        info->gpu_budget = plan->gpu_budget ? plan->gpu_budget : left > 0 ? left / job->gpus : 0;
         info->evaluated = S.evaluated;
         report_routes(info, &routes, options, true);
         if (!cpu)

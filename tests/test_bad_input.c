@@ -55,14 +55,23 @@ static void make_model(void)
     layout_free(&lay);
 }
 
+/* train.bin; two SFT shards of the same tokens: notargets.bin with no target, sparse.bin with
+ * targets in the first step's two sequences of 32 tokens only (micro_batch 2, one rank). */
 static void make_data(void)
 {
     uint32_t tokens[4096];
+    uint8_t flags[4096] = {0};
     for (int i = 0; i < 4096; i++)
         tokens[i] = (uint32_t)(i * 7 % 32);
     char p[1200];
     path(p, sizeof p, "train.bin");
     assert_int_equal(data_write_llmc(p, tokens, 4096, false), 0);
+    path(p, sizeof p, "notargets.bin");
+    assert_int_equal(data_write_sft(p, tokens, flags, 4096), 0);
+    for (int i = 1; i <= 64; i++)
+        flags[i] = DATA_FLAG_LOSS;
+    path(p, sizeof p, "sparse.bin");
+    assert_int_equal(data_write_sft(p, tokens, flags, 4096), 0);
 }
 
 struct bad_case {
@@ -128,6 +137,20 @@ static const struct bad_case cases[] = {
     {"sharded params without P2P", "printf '[gpus]\\ncount = 2\\np2p = none\\n' > %s/host.ini",
      "[runtime]\ntopology = host.ini\nparam_route = sharded\n", "runtime.gpus=2",
      "param_route = sharded needs P2P between every pair of GPUs; GPUs 0 and 1 have none"},
+    {"checkpoint.dir under a regular file", "touch %s/afile", NULL, "checkpoint.dir=afile/ckpt",
+     "afile is a regular file, not a directory"},
+    {"log.dir is a regular file", "touch %s/logfile", NULL, "log.dir=logfile", "logfile is a regular file"},
+    {"checkpoint.dir in /proc", NULL, NULL, "checkpoint.dir=/proc/sdtest-ckpt", "/proc is on the kernel's proc filesystem"},
+    {"vocab_size out of range", "sed -i 's/vocab_size\": 32/vocab_size\": 1e12/' %s/model/config.json", NULL, NULL,
+     "'vocab_size' = 1000000000000 is out of range"},
+    {"resume from a step past train.steps", "mkdir -p %s/ckpt/step-3 && echo {} > %s/ckpt/step-3/trainer_state.json",
+     NULL, "train.steps=2", "holds step-3, past train.steps = 2"},
+    {"resume from another model's checkpoint",
+     "mkdir -p %s/ckpt/step-1 && echo {} > %s/ckpt/step-1/trainer_state.json && cp %s/model/model.safetensors "
+     "%s/ckpt/step-1/optimizer.safetensors",
+     NULL, NULL, "checkpoint of another model or configuration; start over with checkpoint.resume = never"},
+    {"SFT data without a target", NULL, NULL, "data.train=notargets.bin", "no token of the data is a training target"},
+    {"a step without a target", NULL, NULL, "data.train=sparse.bin", "step 2 has no training target"},
 #ifndef SD_HAVE_CUDA
     {"cuda device in a CPU-only build", NULL, NULL, "runtime.device=cuda", "no CUDA backend"},
 #endif
@@ -161,7 +184,8 @@ static void run_case(const struct bad_case *c, int i)
     snprintf(cdir, sizeof cdir, "%s/case%02d", dir, i);
     tu_rmrf(cdir);
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp -r %s/model %s/sharded %s/train.bin %s/", cdir, dir, dir, dir, cdir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp -r %s/model %s/sharded %s/train.bin %s/notargets.bin %s/sparse.bin %s/",
+             cdir, dir, dir, dir, dir, dir, cdir);
     assert_int_equal(system(cmd), 0);
     if (c->setup)
         sh(c->setup, cdir);
@@ -242,6 +266,25 @@ static void test_existing_state(void **state)
     assert_false(tu_exists(obj));
 }
 
+/* slidedp-plan on the CPU backend for a model whose state does not fit the host: no negative
+ * budget, and no GPU calibration block (the CPU backend uses none). */
+static void test_plan_little_host_memory(void **state)
+{
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "cd %s && rm -rf big && mkdir big && sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 400/; "
+                   "s/\"hidden_size\": 64/\"hidden_size\": 16384/; s/\"intermediate_size\": 192/\"intermediate_size\": "
+                   "65536/' model/config.json > big/config.json && printf '%s' > plan.ini && %s plan.ini model.path=big 2>&1",
+                   dir, base_ini, tu_bin("slidedp-plan"));
+    printf("%s# exit %d\n", out, rc);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "DOES NOT FIT"));
+    assert_non_null(strstr(out, "worker memory per rank"));
+    assert_null(strstr(out, "of -"));
+    assert_null(strstr(out, "calibration, GPU"));
+    free(out);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "badinput"));
@@ -250,6 +293,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_existing_state),
+        cmocka_unit_test(test_plan_little_host_memory),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)

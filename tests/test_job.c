@@ -191,6 +191,16 @@ static void test_bad_inputs(void **state)
     }
 }
 
+/* The job file argument is a directory (e.g. the examples folder): said so, not "[model] path: missing". */
+static void test_ini_is_directory(void **state)
+{
+    struct job_config job;
+    assert_int_equal(job_config_load(dir, 0, NULL, &job), -1);
+    printf("# %s\n", sd_errmsg());
+    assert_non_null(strstr(sd_errmsg(), "is a directory"));
+    assert_null(strstr(sd_errmsg(), "[model]"));
+}
+
 static void test_lr_schedule(void **state)
 {
     struct job_config job;
@@ -222,6 +232,7 @@ int main(void)
         cmocka_unit_test(test_defaults_and_overrides),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_lr_schedule),
+        cmocka_unit_test(test_ini_is_directory),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmrf(dir);

@@ -407,6 +407,136 @@ static void test_bf16_gradients(void **state)
     layout_free(&lay_d);
 }
 
+/* A non-finite loss stops the job (exit 3) naming the step, its values and the first tensor with
+ * non-finite weights; nothing is exported, the checkpoints before it stay and none of it is
+ * written; metrics.jsonl stays strict JSON (null) and slidedp-stat plots it. The cause: an untied
+ * model whose embedding row of token 31 is NaN, a token that first appears in step 3's batch. */
+static void test_nonfinite_stops(void **state)
+{
+    char p[1100], cfg_src[1300], *out = NULL;
+    snprintf(p, sizeof p, "%s/nan", dir);
+    tu_rmrf(p);
+    assert_int_equal(tu_sh(&out, "mkdir -p %s/cfg && sed 's/\"tie_word_embeddings\": true/\"tie_word_embeddings\": false/' "
+                                 "%s/config.json > %s/cfg/config.json", p, tu_src("examples/tiny-qwen3"), p), 0);
+    free(out);
+    snprintf(cfg_src, sizeof cfg_src, "%s/cfg/config.json", p);
+    struct model_config cfg;
+    assert_int_equal(model_config_load(cfg_src, &cfg), 0);
+    assert_false(cfg.tie_word_embeddings);
+    struct layout lay;
+    assert_int_equal(layout_build(&cfg, 1, &lay), 0);
+    float *params = calloc((size_t)lay.total_numel, sizeof(float));
+    uint64_t seed = tu_seed("nonfinite", 7);
+    tu_fill_uniform(params, (size_t)lay.total_numel, &seed, -0.05f, 0.05f);
+    const struct tensor_desc *embed = &lay.tensors[0];
+    assert_string_equal(embed->name, "model.embed_tokens.weight");
+    for (int j = 0; j < cfg.hidden_size; j++)
+        params[embed->offset + 31 * cfg.hidden_size + j] = NAN;
+    char model[1400], data[1400], ini[1400];
+    snprintf(model, sizeof model, "%s/model", p);
+    assert_int_equal(hf_export(model, cfg_src, &cfg, &lay, params, HF_EXPORT_FP32, 0), 0);
+    free(params);
+    layout_free(&lay);
+    /* steps 1 and 2 read tokens [0, 64]; token 31 first at position 70, in step 3 */
+    uint32_t tokens[400];
+    for (int i = 0; i < 400; i++)
+        tokens[i] = i < 70 ? (uint32_t)(i * 7 % 31) : (uint32_t)(i % 32);
+    snprintf(data, sizeof data, "%s/train.bin", p);
+    assert_int_equal(data_write_llmc(data, tokens, 400, false), 0);
+    snprintf(ini, sizeof ini, "%s/job.ini", p);
+    char text[4096];
+    snprintf(text, sizeof text,
+             "[model]\npath = model\n[data]\ntrain = train.bin\nseq_len = 16\n[train]\nmicro_batch = 2\nsteps = 6\n"
+             "lr = 1e-3\n[checkpoint]\ndir = ckpt\nevery = 1\nkeep = 10\n[runtime]\ndevice = cpu\ngpus = 1\n"
+             "[log]\ndir = log\n");
+    tu_write_file(ini, text);
+    int rc = tu_sh(&out, "%s %s 2>&1", tu_bin("slidedp-launch"), ini);
+    printf("%s# exit %d\n", out, rc);
+    assert_int_equal(rc, 3);
+    assert_non_null(strstr(out, "job stopped at step 3: loss nan"));
+    assert_non_null(strstr(out, "the weights of model.embed_tokens.weight are not finite"));
+    assert_non_null(strstr(out, "the last good checkpoint is step-2"));
+    free(out);
+    snprintf(model, sizeof model, "%s/ckpt/final", p);
+    assert_false(tu_exists(model));
+    snprintf(model, sizeof model, "%s/ckpt/step-2/optimizer.safetensors", p);
+    assert_true(tu_exists(model));
+    snprintf(model, sizeof model, "%s/ckpt/step-3", p);
+    assert_false(tu_exists(model));
+    /* every line strict JSON; step 3's loss and norm null */
+    snprintf(model, sizeof model, "%s/log/metrics.jsonl", p);
+    char *metrics = tu_read_file(model, NULL);
+    assert_non_null(metrics);
+    int lines = 0;
+    for (char *line = strtok(metrics, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        if (!o)
+            fail_msg("metrics.jsonl line %d is not JSON: %s", lines + 1, line);
+        lines++;
+        bool bad = lines == 3;
+        assert_int_equal(cJSON_GetObjectItem(o, "step")->valueint, lines);
+        assert_true(bad ? cJSON_IsNull(cJSON_GetObjectItem(o, "loss")) : cJSON_IsNumber(cJSON_GetObjectItem(o, "loss")));
+        assert_true(bad ? cJSON_IsNull(cJSON_GetObjectItem(o, "grad_norm"))
+                        : cJSON_IsNumber(cJSON_GetObjectItem(o, "grad_norm")));
+        cJSON_Delete(o);
+    }
+    free(metrics);
+    assert_int_equal(lines, 3);
+    rc = tu_sh(&out, "%s %s --plot %s/plot.svg 2>&1", tu_bin("slidedp-stat"), ini, p);
+    printf("# slidedp-stat --plot -> exit %d %s", rc, out);
+    assert_int_equal(rc, 0);
+    free(out);
+}
+
+/* Export dtype, sequences above max_position_embeddings, a second run of a finished job, --clean
+ * with no state, and 5000 sequences per micro-step (more than a fixed array once held). */
+static void test_rerun_and_limits(void **state)
+{
+    write_job("");
+    char p[1300], *out = NULL;
+    const char *run = "%s --gpus 1 %s/job.ini train.steps=3 train.warmup=0 train.grad_accum=1 data.val= "
+                      "log.dir=%s/rerun checkpoint.dir=%s/rerun/ckpt checkpoint.export_dtype=fp32 data.seq_len=128 2>&1";
+    int rc = tu_sh(&out, run, tu_bin("slidedp-launch"), dir, dir, dir);
+    printf("%s", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "warning: data.seq_len 128 is above the model's max_position_embeddings 64"));
+    free(out);
+    snprintf(p, sizeof p, "%s/rerun/ckpt/final/config.json", dir);
+    char *config = tu_read_file(p, NULL);
+    assert_non_null(config);
+    assert_non_null(strstr(config, "\"torch_dtype\": \"float32\""));
+    assert_null(strstr(config, "bfloat16"));
+    free(config);
+    /* the same command again: it says the job is finished and trains nothing */
+    rc = tu_sh(&out, run, tu_bin("slidedp-launch"), dir, dir, dir);
+    printf("# second run -> exit %d: %s", rc, out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "already finished"));
+    assert_non_null(strstr(out, "checkpoint.resume=never"));
+    assert_null(strstr(out, "step "));
+    free(out);
+    snprintf(p, sizeof p, "%s/rerun/metrics.jsonl", dir);
+    double losses[8];
+    assert_int_equal(tu_metrics_values(p, "loss", losses, 8), 3);
+    rc = tu_sh(&out, "%s --clean %s/job.ini log.dir=%s/rerun 2>&1", tu_bin("slidedp-launch"), dir, dir);
+    printf("# --clean with no state -> exit %d: %s", rc, out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "nothing to remove"));
+    free(out);
+    rc = tu_sh(&out,
+               "%s --gpus 1 %s/job.ini train.steps=1 train.warmup=0 train.grad_accum=1 train.micro_batch=5000 data.seq_len=8 "
+               "data.val= log.dir=%s/mb5000 checkpoint.dir=%s/mb5000/ckpt 2>&1",
+               tu_bin("slidedp-launch"), dir, dir, dir);
+    printf("# micro_batch 5000 -> exit %d\n", rc);
+    if (rc != 0)
+        fail_msg("%s", out);
+    free(out);
+    snprintf(p, sizeof p, "%s/mb5000/metrics.jsonl", dir);
+    double tokens[2];
+    assert_int_equal(tu_metrics_values(p, "tokens", tokens, 2), 1);
+    assert_true(tokens[0] == 5000 * 8);
+}
+
 static void test_bad_input_creates_nothing(void **state)
 {
     write_job("");
@@ -437,6 +567,8 @@ int main(void)
         cmocka_unit_test(test_bf16_gradients),
         cmocka_unit_test(test_on_device_accumulation_many_chunks),
         cmocka_unit_test(test_bad_input_creates_nothing),
+        cmocka_unit_test(test_nonfinite_stops),
+        cmocka_unit_test(test_rerun_and_limits),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmrf(dir);

@@ -64,7 +64,7 @@ static int parse_line(const char *path, int lineno, const char *line, struct xy 
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, series_key[k]);
         if (cJSON_IsNumber(v))
             rc = push(&s[k], step->valuedouble, v->valuedouble);
-        else if (k != S_VAL_LOSS)
+        else if (k != S_VAL_LOSS && !cJSON_IsNull(v)) /* null: not finite (a job stopped on it); no point */
             rc = sd_err("%s:%d: no numeric \"%s\"", path, lineno, series_key[k]);
     }
     cJSON_Delete(o);

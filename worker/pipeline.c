@@ -99,6 +99,7 @@ struct worker {
     struct data_set train, val;
     bool have_val;
     int32_t *tokens, *targets, *correct;
+    int64_t *seq_index; /* the micro-batch's sequence indices (micro_batch of them) */
     float *row_scale, *loss_rows;
     uint8_t *mask;
     int32_t *seq_buf;
@@ -746,13 +747,11 @@ static int train_step(struct worker *w, uint32_t s)
             post_enqueue(w, (struct post){.chunk = -1, .step = s, .posted = first, .step_done = done});
     }
     w->loss_sum = loss_through(w, s, first);
-    int64_t seq_index[4096];
-    SD_ASSERT(w->mb <= 4096);
     for (int a = (int)first; a < w->A; a++) {
         uint64_t t0 = clock_ns(), wait0 = atomic_load_explicit(&w->slot->wait_ns, memory_order_relaxed);
         for (int i = 0; i < w->mb; i++)
-            seq_index[i] = data_seq_index(s, a, w->rank, i, w->A, w->G, w->mb);
-        if (load_rows(w, &w->train, seq_index, w->mb) != 0)
+            w->seq_index[i] = data_seq_index(s, a, w->rank, i, w->A, w->G, w->mb);
+        if (load_rows(w, &w->train, w->seq_index, w->mb) != 0)
             return -1;
         int n = w->mb * w->T;
         for (int i = 0; i < n; i++)
@@ -787,15 +786,14 @@ static int eval_step(struct worker *w, uint32_t s)
                                                                                             : w->val.num_sequences;
     double loss = 0;
     int64_t count = 0, correct = 0;
-    int64_t seq_index[4096];
     for (int64_t j0 = w->rank; j0 < nval; j0 += (int64_t)w->G * w->mb) {
         int rows = 0;
         for (int i = 0; i < w->mb; i++) {
             int64_t j = j0 + (int64_t)i * w->G;
-            seq_index[i] = j < nval ? j : j0; /* pad a short last batch; padded rows are not counted */
+            w->seq_index[i] = j < nval ? j : j0; /* pad a short last batch; padded rows are not counted */
             rows += j < nval;
         }
-        if (load_rows(w, &w->val, seq_index, w->mb) != 0)
+        if (load_rows(w, &w->val, w->seq_index, w->mb) != 0)
             return -1;
         model_eval(&w->model, &io, w->tokens, w->targets, w->loss_rows, w->correct, NULL);
         for (int i = 0; i < rows * w->T; i++)
@@ -947,13 +945,15 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     w->loss_rows = malloc(n * sizeof(float));
     w->mask = malloc(n);
     w->seq_buf = malloc(((size_t)w->T + 1) * sizeof(int32_t));
+    w->seq_index = malloc((size_t)w->mb * sizeof(int64_t));
     pthread_mutex_init(&w->post_mu, NULL);
     pthread_cond_init(&w->post_more, NULL);
     pthread_cond_init(&w->post_space, NULL);
     pthread_cond_init(&w->post_idle, NULL);
     if (pthread_create(&w->poster, NULL, poster_main, w) != 0)
         return sd_err("cannot start the poster thread");
-    if (!w->tokens || !w->targets || !w->correct || !w->row_scale || !w->loss_rows || !w->mask || !w->seq_buf)
+    if (!w->tokens || !w->targets || !w->correct || !w->row_scale || !w->loss_rows || !w->mask || !w->seq_buf ||
+        !w->seq_index)
         return sd_err("out of memory");
     return 0;
 }

@@ -1,0 +1,88 @@
+/* The launcher's preflight of the paths a run will write (log.dir, checkpoint.dir and the exported
+ * final/ in it), before anything is created: each must be a directory or creatable under its
+ * nearest existing ancestor, on a writable real filesystem; a shortage of disk space for the
+ * checkpoints and the export is a warning with the amount missing. Nothing is created here. */
+#include "launch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "common/err.h"
+
+/* Kernel pseudo-filesystems (statfs f_type) where files cannot be written. */
+static const struct {
+    long magic;
+    const char *name;
+} pseudo_fs[] = {
+    {0x9fa0, "proc"},       {0x62656572, "sysfs"},     {0x27e0eb, "cgroup"},   {0x63677270, "cgroup2"},
+    {0x64626720, "debugfs"}, {0x74726163, "tracefs"},  {0x73636673, "securityfs"}, {0x1cd1, "devpts"},
+};
+
+/* Checks that dir exists as a writable directory or can be created: its nearest existing ancestor
+ * (left in base) is a directory, writable, on a writable filesystem that holds files. */
+static int check_dir(const char *key, const char *dir, char base[JOB_PATH_MAX])
+{
+    snprintf(base, JOB_PATH_MAX, "%s", dir);
+    struct stat sb;
+    while (stat(base, &sb) != 0) {
+        if (errno != ENOENT && errno != ENOTDIR)
+            return sd_err("%s %s: cannot check %s: %s", key, dir, base, strerror(errno));
+        char *slash = strrchr(base, '/');
+        if (!slash)
+            return sd_err("%s %s: no existing folder above it", key, dir);
+        slash[slash == base] = 0; /* keep "/" itself */
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return sd_err("%s %s: %s is a %s, not a directory", key, dir, base,
+                      S_ISREG(sb.st_mode) ? "regular file" : "special file");
+    struct statfs fs;
+    if (statfs(base, &fs) == 0)
+        for (size_t i = 0; i < sizeof pseudo_fs / sizeof pseudo_fs[0]; i++)
+            if ((long)fs.f_type == pseudo_fs[i].magic)
+                return sd_err("%s %s: %s is on the kernel's %s filesystem, which holds no files of ours", key, dir,
+                              base, pseudo_fs[i].name);
+    struct statvfs vfs;
+    if (statvfs(base, &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
+        return sd_err("%s %s: %s is on a read-only filesystem", key, dir, base);
+    if (access(base, W_OK | X_OK) != 0)
+        return sd_err("%s %s: %s is not writable: %s", key, dir, base, strerror(errno));
+    return 0;
+}
+
+/* Bytes the checkpoints and the export of final/ take on disk at the most: each checkpoint is the
+ * weights in export_dtype plus fp32 master, m and v; a new one is written before the oldest of
+ * the `keep` is removed. */
+static double disk_bytes_needed(const struct job_state *st)
+{
+    const struct job_config *job = &st->job;
+    double params = (double)st->lay.num_params, weights = params * (job->export_dtype == EXPORT_FP32 ? 4 : 2);
+    int periodic = job->ckpt_every > 0 ? job->steps / job->ckpt_every : 0;
+    int written = periodic + (job->save_final ? 1 : 0);
+    int on_disk = written < job->ckpt_keep + 1 ? written : job->ckpt_keep + 1;
+    return on_disk * (weights + 12 * params) + (job->save_final ? weights : 0);
+}
+
+int preflight_paths(const struct job_state *st)
+{
+    const struct job_config *job = &st->job;
+    char log_base[JOB_PATH_MAX], ckpt_base[JOB_PATH_MAX];
+    if (check_dir("[log] dir", job->log_dir, log_base) != 0 ||
+        check_dir("[checkpoint] dir", job->ckpt_dir, ckpt_base) != 0)
+        return -1;
+    struct statvfs vfs;
+    double need = disk_bytes_needed(st), gib = 1024.0 * 1024 * 1024;
+    if (statvfs(ckpt_base, &vfs) == 0) {
+        double avail = (double)vfs.f_bavail * (double)vfs.f_frsize;
+        if (need > avail)
+            fprintf(stderr,
+                    "slidedp-launch: warning: the checkpoints and the export in %s need up to %.2f GiB; %s has "
+                    "%.2f GiB free, %.2f GiB missing (lower checkpoint.keep, or free space before they are due)\n",
+                    job->ckpt_dir, need / gib, ckpt_base, avail / gib, (need - avail) / gib);
+    }
+    return 0;
+}
