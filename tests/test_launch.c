@@ -486,6 +486,14 @@ static void test_nonfinite_stops(void **state)
     printf("# slidedp-stat --plot -> exit %d %s", rc, out);
     assert_int_equal(rc, 0);
     free(out);
+    /* without periodic checkpoints, the stop writes the last good step's */
+    rc = tu_sh(&out, "%s %s checkpoint.every=0 checkpoint.dir=ckpt0 log.dir=log0 2>&1", tu_bin("slidedp-launch"), ini);
+    printf("%s# exit %d\n", out, rc);
+    assert_int_equal(rc, 3);
+    assert_non_null(strstr(out, "the last good checkpoint is step-2"));
+    free(out);
+    snprintf(model, sizeof model, "%s/ckpt0/step-2/optimizer.safetensors", p);
+    assert_true(tu_exists(model));
 }
 
 /* Export dtype, sequences above max_position_embeddings, a second run of a finished job, --clean
