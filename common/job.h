@@ -74,6 +74,8 @@ struct job_config {
     enum grad_dtype grad_dtype; /* bf16: gradients sent straight into the accumulator are rounded
                                  * to bf16 on the device (half the copy and the optimizer reads less) */
     char topology[JOB_PATH_MAX]; /* GPU topology description file; empty: probe the host */
+    bool deterministic;      /* the same bits on every run (CUDA: no kernel sums with atomics in a
+                              * racing order); false: cuDNN's faster attention backward */
 
     /* [log] */
     char log_dir[JOB_PATH_MAX];

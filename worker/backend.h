@@ -154,6 +154,8 @@ struct backend {
     enum be_dtype weight_dtype;
     char device_name[64];  /* e.g. "NVIDIA H200", "cpu" */
     double peak_flops;     /* dense bf16 peak of the device, 0 when unknown (monitors' MFU) */
+    bool deterministic;    /* every op gives the same bits on every run (init: false; the CUDA backend's
+                            * attention backward and embedding backward then avoid racing atomics) */
 };
 
 /* Backends compiled into this build. */

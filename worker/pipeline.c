@@ -905,6 +905,7 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
         rc = h->job.device == DEVICE_CPU ? backend_cpu_init(&w->be) : sd_err("this build has no CUDA backend");
     if (rc != 0)
         return -1;
+    w->be.deterministic = h->job.deterministic;
     snprintf(w->slot->device_name, sizeof w->slot->device_name, "%s", w->be.device_name);
     w->slot->peak_flops = w->be.peak_flops;
     if (w->be.ops->register_host(&w->be, w->shm.params16, (size_t)h->params16_bytes, true) != 0 ||

@@ -495,6 +495,7 @@ int backend_cpu_init(struct backend *be)
     be->weight_dtype = BE_F32;
     snprintf(be->device_name, sizeof be->device_name, "cpu");
     be->peak_flops = 0;
+    be->deterministic = true; /* every op sums in a fixed order */
     return 0;
 }
 

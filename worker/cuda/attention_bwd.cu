@@ -333,7 +333,8 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
     SD_ASSERT(cuda_aligned16(dq) && cuda_aligned16(dk) && cuda_aligned16(dv) && cuda_aligned16(dout) &&
               cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
 #ifdef SD_HAVE_CUDNN
-    if (struct cudnn_sdpa *p = cudnn_sdpa_plan(1, B, T, Hq, Hkv, D)) {
+    /* cuDNN's backward sums dQ with atomics in whatever order its CTAs finish: not deterministic */
+    if (struct cudnn_sdpa *p = be->deterministic ? NULL : cudnn_sdpa_plan(1, B, T, Hq, Hkv, D)) {
         cudnn_sdpa_bwd(p, cuda_ctx_of(be)->compute, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), dq, dk, dv, dout,
                        q, k, v, out, lse);
         return;

@@ -407,6 +407,7 @@ extern "C" int backend_cuda_init(struct backend *be, int device, size_t mem_budg
     be->weight_dtype = BE_BF16;
     snprintf(be->device_name, sizeof be->device_name, "%.63s", prop.name);
     be->peak_flops = peak_bf16(&prop, clock_khz);
+    be->deterministic = false;
     return 0;
 }
 
