@@ -66,3 +66,6 @@ for name, ours, ref, lower_better in rows:
     print(f"| {name:44} | {f(ours)} | {f(ref)} | {ratio:6.2f} |")
 print("ratio: ours/PyTorch throughput (PyTorch time / ours for the layer)")
 PY
+
+# the k_proj.bias numerics (issue 18): our update directions and PyTorch bf16 autocast's against fp32
+NO_BUILD=1 . bench/gpu_kbias.sh
