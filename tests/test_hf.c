@@ -845,8 +845,23 @@ static void test_export_fp32(void **state)
     count_files(out, &nfiles);
     assert_int_equal(nfiles, 2); /* config.json + model.safetensors */
     snprintf(path, sizeof path, "%s/config.json", out);
-    char *copied = tu_read_file(path, NULL);
-    assert_string_equal(copied, TINY_QWEN2);
+    /* copied as it was, but for the dtype of the weights (added: the source names none) */
+    char *copied = tu_read_file(path, NULL), want[1024];
+    snprintf(want, sizeof want, "{\n  \"torch_dtype\": \"float32\",%s", TINY_QWEN2 + 1);
+    assert_string_equal(copied, want);
+    free(copied);
+    /* a source naming a dtype (both spellings, transformers 4 and 5) gets the export's in its place */
+    char *named = NULL;
+    assert_int_equal(tu_sh(&named, "printf '%%s' '%.*s, \"torch_dtype\" : \"bfloat16\", \"dtype\":\"bfloat16\"}' > %s",
+                           (int)strlen(TINY_QWEN2) - 1, TINY_QWEN2, src), 0);
+    free(named);
+    snprintf(path, sizeof path, "%s/named", dir);
+    assert_int_equal(hf_export(path, src, &t.cfg, &t.lay, t.params, HF_EXPORT_FP32, 1ull << 30), 0);
+    snprintf(path, sizeof path, "%s/named/config.json", dir);
+    copied = tu_read_file(path, NULL);
+    snprintf(want, sizeof want, "%.*s, \"torch_dtype\" : \"float32\", \"dtype\":\"float32\"}", (int)strlen(TINY_QWEN2) - 1,
+             TINY_QWEN2);
+    assert_string_equal(copied, want);
     free(copied);
 
     snprintf(path, sizeof path, "%s/model.safetensors", out);
