@@ -6,7 +6,9 @@
 # (sha256) and their grad_norms line by line. Then runtime.deterministic = false (cuDNN's attention
 # backward, which sums dQ with atomics) twice, and the median step time of each path. Prints one
 # table; logs in $OUT. Needs .gpudeps/ as gpu_issue4.sh's header says (pass it in carry). With
-# NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already.
+# NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already; ONLY="name ..." runs
+# just those runs (det_a nondet_a nondet_b det_b det_kill_worker det_kill_optim); DEADLINE caps the
+# call's seconds (560). Each exporting run writes about 34 GB (removed after it).
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/determinism
 rm -rf "$w" && mkdir -p "$w"
@@ -23,6 +25,7 @@ deadline=${DEADLINE:-560}
 run() {
     local name=$1 kill=$2 d=$w/$1 limit=$((deadline - SECONDS))
     shift 2
+    [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]] || return 0
     [ "$limit" -gt 200 ] && limit=200
     [ "$limit" -lt 40 ] && { log "$name: skipped (no time left)"; return; }
     rm -rf "$d" && mkdir -p "$d"
@@ -65,11 +68,11 @@ PY
 }
 
 run det_a none
+run nondet_a none runtime.deterministic=false checkpoint.save_final=false
+run nondet_b none runtime.deterministic=false checkpoint.save_final=false
 run det_b none
 run det_kill_worker worker
 run det_kill_optim optim
-run nondet_a none runtime.deterministic=false checkpoint.save_final=false
-run nondet_b none runtime.deterministic=false checkpoint.save_final=false
 
 python3 - "$out/determinism.results" <<'PY' | tee -a "$out/summary.log"
 import json, sys
