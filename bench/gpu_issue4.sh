@@ -4,7 +4,7 @@
 # against its reference losses, the attention and layer benchmarks and their PyTorch references,
 # and prints one table (ours, PyTorch, ratio). Logs go to $OUT (or .gpuout/).
 # Prepare once where Debian's registry is reachable (.gpudeps/ is git-ignored; carry it along):
-#   mkdir -p .gpudeps/extra && cp /work/shared/gpu-host/build.sh /work/shared/gpu-host/fetch-debs.sh .gpudeps/
+#   mkdir -p .gpudeps/extra, and copy the GPU host kit's build.sh and fetch-debs.sh (they come with the host) into .gpudeps/
 #   sh .gpudeps/fetch-debs.sh .gpudeps
 #   (cd .gpudeps/extra && apt-get download pkgconf pkgconf-bin libpkgconf3 libopenblas0-pthread \
 #       libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5)   # used only if the host lacks them

@@ -1,5 +1,5 @@
 /* Token shards (llm.c v1/v7 and slidedp SFT): opening and validating them, the sequence order
- * contract of DESIGN §1 (optionally shuffled per epoch), and the writers used by slidedp-data and
+ * contract of docs/design.md §2.3 (optionally shuffled per epoch), and the writers used by slidedp-data and
  * the tests. See data.h for the formats. */
 #include <stddef.h> /* data.h uses size_t without including it */
 

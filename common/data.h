@@ -1,4 +1,4 @@
-/* Token data for training and validation (DESIGN §1 data formats and order contract).
+/* Token data for training and validation (docs/design.md §2.3: data formats and order contract).
  *
  * Formats, told apart by the first int32 of a 256-int32 header:
  *   - llm.c shards: magic 20240520 version 1 -> uint16 tokens; magic 20240801 version 7 -> uint32
@@ -59,7 +59,7 @@ void data_close(struct data_set *d);
  * on: always for llm.c shards, from the flags for SFT shards). target_mask may be NULL. */
 int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask);
 
-/* Sequence index of row i on rank r at micro-step a of step s (from 1), DESIGN §1. */
+/* Sequence index of row i on rank r at micro-step a of step s (from 1), docs/design.md §2.3. */
 static inline int64_t data_seq_index(int64_t step, int a, int r, int i, int grad_accum, int gpus, int micro_batch)
 {
     return (((step - 1) * grad_accum + a) * (int64_t)gpus + r) * micro_batch + i;

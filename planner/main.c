@@ -181,7 +181,7 @@ static void print_text(const struct report *r)
            c->gemm_flops / 1e9, c->gemm_elem_s * 1e9, c->attn_fwd_pair_dim_s * 1e9, c->attn_fwd_pair_s * 1e9,
            c->attn_bwd_pair_dim_s * 1e9, c->attn_bwd_pair_s * 1e9);
     printf("calibration, GPU: %s\n", cal->gpu_file[0] ? cal->gpu_file
-                                                     : "no calibration file: one H200's numbers (DESIGN §10, "
+                                                     : "no calibration file: one H200's numbers (docs/design.md §10.7, "
                                                        "bench/NOTES_issue4.md), assumed");
     for (int i = 0; i < calib_gpu_num_fields; i++) {
         const struct calib_gpu_field *f = &calib_gpu_fields[i];
