@@ -19,7 +19,7 @@
 
 #include "common/err.h"
 #include "common/fsutil.h"
-#include "planner/plan.h"
+#include "planner/search.h"
 #include "shm/futex.h"
 
 #define POLL_MS 2

@@ -15,7 +15,7 @@
 #include "common/fsutil.h"
 #include "common/job.h"
 #include "common/model_config.h"
-#include "planner/plan.h"
+#include "planner/search.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 

@@ -1,7 +1,7 @@
-/* Step-time and memory model of a candidate plan (see model.h): per-op costs from the calibration,
+/* Step-time and memory model of a candidate plan (see cost.h): per-op costs from the calibration,
  * then a walk through a few steps of the pipeline, event by event, in the order the worker, its
  * chunk cache and the optimizer processes do the work. */
-#include "model.h"
+#include "cost.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -83,7 +83,7 @@ struct shape {
     bool qk, bias;
 };
 
-static struct shape shape_of(const struct model_case *mc)
+static struct shape shape_of(const struct cost_case *mc)
 {
     const struct model_config *cfg = mc->cfg;
     struct shape s = {
@@ -160,14 +160,14 @@ static double head_s(const struct dev *d, const struct shape *s, int logits_rows
     return t;
 }
 
-double model_layer_flops(const struct model_config *cfg, int B, int T)
+double cost_layer_flops(const struct model_config *cfg, int B, int T)
 {
     double N = (double)B * T, C = cfg->hidden_size, I = cfg->intermediate_size;
     double q = (double)cfg->num_heads * cfg->head_dim, kv = (double)cfg->num_kv_heads * cfg->head_dim;
     return 2 * N * (C * q + 2 * C * kv + q * C + 3 * C * I) + 4 * attn_pairs(B, T, cfg->num_heads) * cfg->head_dim;
 }
 
-double model_head_flops(const struct model_config *cfg, int64_t N)
+double cost_head_flops(const struct model_config *cfg, int64_t N)
 {
     return 2.0 * (double)N * cfg->hidden_size * cfg->vocab_size;
 }
@@ -185,7 +185,7 @@ static int alloc_align(const struct job_config *job)
     return job->device == DEVICE_CPU ? 1 : 256;
 }
 
-int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act, int align)
+int64_t cost_layer_act_bytes(const struct model_config *cfg, int64_t N, int act, int align)
 {
     int64_t C = cfg->hidden_size, I = cfg->intermediate_size;
     int64_t q = (int64_t)cfg->num_heads * cfg->head_dim, kv = (int64_t)cfg->num_kv_heads * cfg->head_dim;
@@ -200,7 +200,7 @@ int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act
     return t;
 }
 
-void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred *out)
+void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *out)
 {
     const struct model_config *cfg = mc->cfg;
     const struct job_config *job = mc->job;
@@ -226,7 +226,7 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
      * and the final one, plus two staging buffers for the transfers */
     int inputs = mc->offload ? kept + 3 : L + 1;
     out->layer_inputs = inputs * al(N * C * act, a);
-    out->acts_per_layer = model_layer_act_bytes(cfg, N, act, a);
+    out->acts_per_layer = cost_layer_act_bytes(cfg, N, act, a);
     out->kept_acts = (int64_t)kept * out->acts_per_layer + (kept < L ? out->acts_per_layer : 0);
     out->bwd_scratch = 3 * al(N * C * act, a) + al(N * 4, a) /* d_final, d_dres, d_dfinal, d_final_rstd */
                        + 3 * al(N * I * act, a) + al(N * C * act, a) /* bw_ni0..2, bw_nc */
@@ -258,7 +258,7 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
                  out->logits + out->misc + out->workspace + out->peer_bufs + out->context;
 }
 
-void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
+void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
 {
     const struct layout *lay = mc->lay;
     const struct plan *p = mc->plan;
@@ -296,7 +296,7 @@ struct centry {
 #define SIM_STEPS 3
 
 struct sim {
-    const struct model_case *mc;
+    const struct cost_case *mc;
     bool cpu, tied, during, on_device;
     bool direct;    /* gradients land in the accumulator: no slots to wait for (plan_grads_direct) */
     bool shard_acc; /* GPU-side gradients: micro-steps reduce-scatter into shard accumulators */
@@ -577,7 +577,7 @@ struct rates {
     double adamw;     /* per optimizer process, params/s */
 };
 
-static struct rates rates_of(const struct model_case *mc)
+static struct rates rates_of(const struct cost_case *mc)
 {
     const struct calib *cal = mc->cal;
     const struct plan *p = mc->plan;
@@ -600,7 +600,7 @@ static struct rates rates_of(const struct model_case *mc)
 }
 
 
-void model_step(const struct model_case *mc, struct step_pred *out)
+void cost_step(const struct cost_case *mc, struct step_pred *out)
 {
     const struct job_config *job = mc->job;
     const struct layout *lay = mc->lay;
@@ -656,7 +656,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
 
     /* per-chunk costs */
     double lf = layer_fwd_s(&d, &sh), lb = layer_bwd_s(&d, &sh), act_bytes = sh.N * sh.C * 2;
-    double flops_layer = model_layer_flops(mc->cfg, sh.B, sh.T);
+    double flops_layer = cost_layer_flops(mc->cfg, sh.B, sh.T);
     double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq) * sh.D;
     for (int c = 0; c < nc; c++) {
         const struct chunk_desc *ch = &lay->chunks[c];
@@ -705,7 +705,7 @@ void model_step(const struct model_case *mc, struct step_pred *out)
         out->compute_s += A * (s.fwd[c] + s.bwd[c]);
         out->d2h_s += sends * s.send[c];
     }
-    out->flops += A * 3 * model_head_flops(mc->cfg, (int64_t)sh.N);
+    out->flops += A * 3 * cost_head_flops(mc->cfg, (int64_t)sh.N);
 
     /* a few steps of the pipeline; the last one is the steady state */
     double commit[SIM_STEPS], micro_end[SIM_MICRO], h2d_s[SIM_MICRO], h2d_b[SIM_MICRO];
