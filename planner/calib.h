@@ -1,7 +1,7 @@
 /* Calibration: the rates the step-time model (planner/cost.h) turns FLOPs and bytes into seconds.
  * Host rates are measured at plan time and cached per host (calib-<host>.json); GPU rates come
  * from calib-gpu-<host>.json when a GPU host wrote one, else from one H200's numbers (docs/design.md §10.7,
- * bench/NOTES_issue4.md). Files live in $SLIDEDP_CACHE_DIR, else ~/.cache/slidedp. Used by the
+ * docs/performance.md §1). Files live in $SLIDEDP_CACHE_DIR, else ~/.cache/slidedp. Used by the
  * planner and slidedp-plan. */
 #ifndef SD_CALIB_H
 #define SD_CALIB_H

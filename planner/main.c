@@ -182,7 +182,7 @@ static void print_text(const struct report *r)
            c->attn_bwd_pair_dim_s * 1e9, c->attn_bwd_pair_s * 1e9);
     printf("calibration, GPU: %s\n", cal->gpu_file[0] ? cal->gpu_file
                                                      : "no calibration file: one H200's numbers (docs/design.md §10.7, "
-                                                       "bench/NOTES_issue4.md), assumed");
+                                                       "docs/performance.md §1), assumed");
     for (int i = 0; i < calib_gpu_num_fields; i++) {
         const struct calib_gpu_field *f = &calib_gpu_fields[i];
         double v = calib_gpu_get(&cal->gpu, i);
