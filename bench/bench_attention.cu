@@ -1,5 +1,5 @@
 /* Times the CUDA backend's causal attention (forward, backward, forward+backward) with CUDA events
- * on the backend's compute stream: warm-up, then the median of repeats, at the issue-4 shapes
+ * on the backend's compute stream: warm-up, then the median of repeats, at the shapes of docs/performance.md §1
  * (D=128, 16 query heads, 8 kv heads; B=2 T=4096 and B=1 T=32768). TFLOP/s use the standard causal
  * count: forward 4*B*Hq*T*T*D/2, backward 2.5x forward. Not a test; built when CUDA is. */
 #include "worker/cuda/cuda_common.cuh"

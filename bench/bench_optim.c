@@ -1,4 +1,4 @@
-/* CPU optimizer benchmark (issue 5): AdamW with fused bf16 output over N parameters on T threads,
+/* CPU optimizer benchmark (docs/performance.md §2.5): AdamW with fused bf16 output over N parameters on T threads,
  * bare and as the optimizer process runs it (each 8192-element block computed in a staging area
  * and copied into place, for crash safety), beside a plain memcpy of the same arrays on the same
  * threads; and the journaled update reading bf16 gradients (runtime.grad_dtype = bf16: each block

@@ -1,8 +1,14 @@
-# Sourced by the GPU-host scripts (bench/gpu_issue*.sh), from the repo root: builds with the carried
-# .debs (the host lacks libuv, CMocka, inih, cJSON; see gpu_issue4.sh's header for preparing
-# .gpudeps/) and sets PATH, LD_LIBRARY_PATH, SD_BUILD and SD_SOURCE. Sets $build and $out; exits 1
-# when the build fails. Defines random_tokens and qwen3_1_7b_job for the scripts' jobs, and
-# e2e_fixtures.
+# Sourced by the GPU-host scripts (bench/gpu_*.sh), from the repo root: builds with the carried
+# .debs (the host lacks libuv, CMocka, inih, cJSON) and sets PATH, LD_LIBRARY_PATH, SD_BUILD and
+# SD_SOURCE. Sets $build and $out; exits 1 when the build fails. Defines random_tokens and bench_job
+# for the scripts' jobs, and e2e_fixtures.
+# Prepare .gpudeps/ once where Debian's registry is reachable (it is git-ignored; carry it along):
+#   mkdir -p .gpudeps/extra, and copy the GPU host kit's build.sh and fetch-debs.sh (they come with the host) into .gpudeps/
+#   sh .gpudeps/fetch-debs.sh .gpudeps
+#   (cd .gpudeps/extra && apt-get download pkgconf pkgconf-bin libpkgconf3 libopenblas0-pthread \
+#       libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5)   # used only if the host lacks them
+#   mkdir -p .gpudeps/cudnn/include && cp /usr/local/cuda/include/cudnn*.h .gpudeps/cudnn/include/
+#       # cuDNN's header, used if the host lacks it (the library comes with PyTorch there)
 set -u
 root=$(pwd)
 out=${OUT:-$root/.gpuout}
@@ -61,30 +67,11 @@ open(path, "wb").write(h.tobytes() + t.tobytes())
 PY
 }
 
-# qwen3_1_7b_job DIR STEPS: DIR/job.ini, the Qwen3-1.7B shape from random init on DIR/train.bin
-# (seq 4096, 2 sequences per step, clipping on), every runtime choice left to the planner.
-qwen3_1_7b_job() {
-    cat > "$1/job.ini" <<EOF
-[model]
-path = $root/examples/qwen3-1.7b
-init = random
-[data]
-train = $1/train.bin
-seq_len = 4096
-[train]
-micro_batch = 2
-steps = $2
-lr = 1e-5
-weight_decay = 0.1
-grad_clip = 1.0
-[checkpoint]
-dir = $1/ckpt
-save_final = false
-[runtime]
-device = cuda
-[log]
-dir = $1/log
-EOF
+# bench_job DIR: sets job_args to the shared job ($bench_ini) with its token data
+# (DIR/train.bin), logs and checkpoints in DIR; a script adds its own overrides after them.
+bench_ini=$root/bench/qwen3-1.7b.ini
+bench_job() {
+    job_args=("$bench_ini" "data.train=$1/train.bin" "log.dir=$1/log" "checkpoint.dir=$1/ckpt")
 }
 
 # e2e_fixtures [OVERRIDES...]: `slidedp-launch --device cuda` on each parity fixture (with the

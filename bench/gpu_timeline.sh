@@ -1,18 +1,19 @@
 #!/bin/bash
 # Where the Qwen3-1.7B-shape step's time goes on a GPU host (from the repo root): each
 # configuration trains 10 steps while bench/timeline.py samples the processes' phases. Logs in
-# $OUT. Needs .gpudeps/ as gpu_issue4.sh's header says. CONFIGS="overrides;overrides" replaces the
+# $OUT. Needs .gpudeps/ as bench/gpu_build.sh's header says. CONFIGS="overrides;overrides" replaces the
 # two configurations below; NO_TOPOLOGY=1 skips the topology probe at the end.
 . bench/gpu_build.sh
 w=/tmp/timeline
 rm -rf "$w" && mkdir -p "$w"
 random_tokens "$w/train.bin" 2000000
-qwen3_1_7b_job "$w" 10
+bench_job "$w"
+job_args+=(train.steps=10)
 IFS=';' read -r -a configs <<< "${CONFIGS:-train.micro_batch=2;train.micro_batch=2 runtime.optim_procs=4 runtime.optim_threads=4 runtime.chunk_buffers=30}"
 for cfg in "${configs[@]}"; do
     log "== $cfg"
     rm -rf "$w/log" "$w/ckpt"
-    timeout 150 "$build/slidedp-launch" "$w/job.ini" $cfg > "$out/tl_run.log" 2>&1 &
+    timeout 150 "$build/slidedp-launch" "${job_args[@]}" $cfg > "$out/tl_run.log" 2>&1 &
     timeout 160 python3 bench/timeline.py "$build/slidedp-stat" 3 2>&1 | tee -a "$out/summary.log"
     wait
     grep -E "^plan: predicted|^step +(5|6|7|8)/" "$out/tl_run.log" | tee -a "$out/summary.log"

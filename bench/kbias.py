@@ -1,6 +1,6 @@
 """Update directions of a Qwen2-style model (q/k/v biases) trained by slidedp's CUDA backend, by
 PyTorch under bf16 autocast, and by PyTorch in fp32 (the reference; TF32 off), from the same initial
-weights, data order and AdamW as slidedp's job (DESIGN §1-§2). Prints, per tensor, the cosine of
+weights, data order and AdamW as slidedp's job (docs/design.md §2.3, §9). Prints, per tensor, the cosine of
 each run's update (final - initial weights) with the reference's; k_proj.bias rows are marked.
 Used by bench/gpu_kbias.sh on a GPU host:
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""PyTorch references for issue 4 on the GPU host: scaled_dot_product_attention (causal, GQA,
+"""PyTorch references for the kernel benchmarks on the GPU host: scaled_dot_product_attention (causal, GQA,
 bf16) forward and forward+backward at the shapes of bench_attention, and one transformers
 Qwen3DecoderLayer (sdpa, bf16) forward+backward at the shape of bench_layer. Timed with CUDA
-events, warm-up then the median of repeats; prints RESULT lines that bench/gpu_issue4.sh reads."""
+events, warm-up then the median of repeats; prints RESULT lines that bench/gpu_parity.sh reads."""
 import statistics
 
 import torch

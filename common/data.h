@@ -1,4 +1,4 @@
-/* Token data for training and validation (DESIGN §1 data formats and order contract).
+/* Token data for training and validation (docs/design.md §2.3: data formats and order contract).
  *
  * Formats, told apart by the first int32 of a 256-int32 header:
  *   - llm.c shards: magic 20240520 version 1 -> uint16 tokens; magic 20240801 version 7 -> uint32
@@ -64,7 +64,7 @@ int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *targe
  * targets. */
 int data_check_targets(struct data_set *d, int64_t steps, int64_t batch);
 
-/* Sequence index of row i on rank r at micro-step a of step s (from 1), DESIGN §1. */
+/* Sequence index of row i on rank r at micro-step a of step s (from 1), docs/design.md §2.3. */
 static inline int64_t data_seq_index(int64_t step, int a, int r, int i, int grad_accum, int gpus, int micro_batch)
 {
     return (((step - 1) * grad_accum + a) * (int64_t)gpus + r) * micro_batch + i;

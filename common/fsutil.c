@@ -21,6 +21,12 @@ int fs_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+int fs_is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 int fs_self_dir(char *out, size_t len)
 {
     char self[4096];

@@ -16,6 +16,8 @@ int fs_write_atomic(const char *path, const void *data, size_t len);
  * parent, so dst is either the old or the new directory, never a mixture. */
 int fs_publish_dir(const char *tmp_dir, const char *dst);
 int fs_exists(const char *path);
+/* Whether path is a regular file (following links). */
+int fs_is_file(const char *path);
 /* The folder of the running executable (where its sibling programs are). */
 int fs_self_dir(char *out, size_t len);
 

@@ -15,6 +15,7 @@
 
 #include "bf16.h"
 #include "err.h"
+#include "fsutil.h"
 
 #define HF_PATH_MAX 4096
 #define HF_TEXT_MAX (64u << 20) /* config.json and index files */
@@ -28,12 +29,6 @@ static int join(char *buf, const char *dir, const char *name)
     if (snprintf(buf, HF_PATH_MAX, "%s/%s", dir, name) >= HF_PATH_MAX)
         return sd_err("%s/%s: path too long", dir, name);
     return 0;
-}
-
-static bool is_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 /* Reads a small text file, NUL-terminated (caller frees). */
@@ -96,21 +91,6 @@ static int write_memstream(const char *path, FILE *m, char **text, size_t *len)
     free(*text);
     *text = NULL;
     return rc;
-}
-
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
 }
 
 /* ---- opening ---------------------------------------------------------------------------------- */
@@ -225,14 +205,14 @@ int hf_weights_open(const char *model_dir, struct hf_weights *out)
     if (join(single, model_dir, SINGLE_FILE) < 0 || join(index, model_dir, INDEX_FILE) < 0)
         return -1;
     int rc;
-    if (is_file(single)) { /* transformers prefers the single file when both exist */
+    if (fs_is_file(single)) { /* transformers prefers the single file when both exist */
         out->files = calloc(1, sizeof *out->files);
         if (!out->files)
             return sd_err("%s: out of memory", single);
         rc = st_open(single, &out->files[0]);
         if (rc == 0)
             out->num_files = 1;
-    } else if (is_file(index)) {
+    } else if (fs_is_file(index)) {
         rc = open_index(model_dir, index, out);
     } else {
         return sd_err("%s: no %s or %s", model_dir, SINGLE_FILE, INDEX_FILE);
@@ -472,7 +452,7 @@ static int write_index(const char *out_dir, const struct layout *lay, const int 
     for (int i = 0; i < lay->num_tensors; i++) {
         shard_name(file, sizeof file, shard_of[sorted[i] - lay->tensors], num_shards);
         fputs("    ", m);
-        json_string(m, sorted[i]->name);
+        st_json_string(m, sorted[i]->name);
         fprintf(m, ": \"%s\"%s\n", file, i + 1 < lay->num_tensors ? "," : "");
     }
     fputs("  }\n}\n", m);
@@ -654,7 +634,7 @@ int hf_config_write(const char *path, const struct model_config *cfg)
         return sd_err("%s: out of memory", path);
     /* Keys sorted, as transformers' to_json_string writes them. */
     fputs("{\n  \"architectures\": [\n    ", m);
-    json_string(m, cfg->architecture);
+    st_json_string(m, cfg->architecture);
     fputs("\n  ],\n", m);
     if (cfg->family != MODEL_QWEN2) /* Qwen2 always has q/k/v biases: the field does not apply */
         fputs("  \"attention_bias\": false,\n", m);
@@ -668,7 +648,7 @@ int hf_config_write(const char *path, const struct model_config *cfg)
     if (cfg->family == MODEL_LLAMA)
         fputs("  \"mlp_bias\": false,\n", m);
     fputs("  \"model_type\": ", m);
-    json_string(m, cfg->model_type);
+    st_json_string(m, cfg->model_type);
     fprintf(m, ",\n  \"num_attention_heads\": %d,\n  \"num_hidden_layers\": %d,\n  \"num_key_value_heads\": %d,\n",
             cfg->num_heads, cfg->num_layers, cfg->num_kv_heads);
     fputs("  \"rms_norm_eps\": ", m);
@@ -689,7 +669,7 @@ int hf_config_write(const char *path, const struct model_config *cfg)
     fputs(",\n  \"rope_theta\": ", m);
     json_double(m, cfg->rope_theta);
     fprintf(m, ",\n  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": ", cfg->tie_word_embeddings ? "true" : "false");
-    json_string(m, cfg->torch_dtype[0] ? cfg->torch_dtype : "bfloat16");
+    st_json_string(m, cfg->torch_dtype[0] ? cfg->torch_dtype : "bfloat16");
     fputs(",\n  \"use_cache\": true,\n", m);
     if (qwen)
         fputs("  \"use_sliding_window\": false,\n", m);

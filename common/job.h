@@ -1,4 +1,4 @@
-/* job.ini: the job description (DESIGN §1 contract keys plus slidedp's own), parsed with inih,
+/* job.ini: the job description (docs/design.md §2.1 contract keys plus slidedp's own), parsed with inih,
  * overridden by `section.key=value` arguments, validated before anything is created. The parsed
  * struct is plain data with fixed-size strings so that it can live by value in the ctl region. */
 #ifndef SD_JOB_H
@@ -89,7 +89,7 @@ void job_config_defaults(struct job_config *job);
  * Errors name the file, line, key and the accepted values. Nothing is created. */
 int job_config_load(const char *ini_path, int num_overrides, char **overrides, struct job_config *job);
 
-/* LR for update s (from 1), DESIGN §2. */
+/* LR for update s (from 1), docs/design.md §9.4. */
 double job_lr_at(const struct job_config *job, int step);
 
 /* Resolves a path from job.ini relative to the ini file's folder into out (JOB_PATH_MAX). */

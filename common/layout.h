@@ -84,7 +84,7 @@ void layout_free(struct layout *l);
 int layout_find(const struct tensor_desc *tensors, int num_tensors, int kind, int layer);
 int layout_find_name(const struct tensor_desc *tensors, int num_tensors, const char *name);
 /* Where rank r's shard of a chunk of n elements begins when G ranks split it (sharded parameters,
- * GPU-side gradients; DESIGN §6): n*r/G rounded down to 64 elements; shard r is
+ * GPU-side gradients; docs/design.md §7.1): n*r/G rounded down to 64 elements; shard r is
  * [layout_shard_begin(n, G, r), layout_shard_begin(n, G, r + 1)). */
 static inline int64_t layout_shard_begin(int64_t n, int G, int r)
 {

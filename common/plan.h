@@ -55,7 +55,7 @@ static inline int plan_logits_rows_for(int64_t N, int64_t row_bytes, int64_t mib
     return (int)(rows < 1 ? 1 : rows > N ? N : rows);
 }
 
-/* Whether the workers exchange shards through each other's device memory (DESIGN §6). */
+/* Whether the workers exchange shards through each other's device memory (docs/design.md §7). */
 static inline bool plan_uses_exchange(const struct plan *p, int gpus)
 {
     return gpus > 1 && (p->param_route == PARAMS_SHARDED || p->grad_route == GRADS_GPU);

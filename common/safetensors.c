@@ -408,8 +408,7 @@ int st_tensor_to_f32(const struct st_tensor *t, float *dst)
     }
 }
 
-/* Writes s as a JSON string literal (quoted, escaped). */
-static void json_string(FILE *f, const char *s)
+void st_json_string(FILE *f, const char *s)
 {
     fputc('"', f);
     for (; *s; s++) {
@@ -471,7 +470,7 @@ static int build_header(const char *path, int n, const struct st_out_tensor *ts,
     for (int i = 0; i < n; i++) {
         const struct st_out_tensor *t = &ts[i];
         fputc(',', m);
-        json_string(m, t->name);
+        st_json_string(m, t->name);
         fprintf(m, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(t->dtype));
         for (int d = 0; d < t->ndim; d++)
             fprintf(m, "%s%lld", d ? "," : "", (long long)t->shape[d]);

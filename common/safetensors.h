@@ -62,6 +62,10 @@ struct st_out_tensor {
     void *arg;
 };
 
+/* Writes s as a JSON string literal (quoted, escaped): the safetensors header here, the HF index and
+ * config.json in common/hf.c. */
+void st_json_string(FILE *f, const char *s);
+
 /* Writes path (created 0644, truncated) with metadata {"format": "pt"}. Tensors appear in the order
  * given; fsyncs before returning. */
 int st_write(const char *path, int num_tensors, const struct st_out_tensor *tensors);

@@ -20,7 +20,7 @@
 
 #include "common/err.h"
 #include "common/fsutil.h"
-#include "planner/plan.h"
+#include "planner/search.h"
 #include "shm/futex.h"
 
 #define POLL_MS 2
@@ -254,7 +254,7 @@ static bool all_flags(const _Atomic uint8_t *flags, int n)
     return true;
 }
 
-/* The step's batch loss (DESIGN §2), NaN while a rank's part is not in. */
+/* The step's batch loss (docs/design.md §9.3), NaN while a rank's part is not in. */
 static double step_loss(const struct ctl_header *h, const struct step_record *rec)
 {
     double sum = 0;

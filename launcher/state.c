@@ -16,7 +16,7 @@
 #include "common/err.h"
 #include "common/fsutil.h"
 #include "common/hf.h"
-#include "planner/plan.h"
+#include "planner/search.h"
 #include "shm/futex.h"
 
 #define INIT_BLOCK ((int64_t)1 << 20) /* elements per independently seeded block of random init */

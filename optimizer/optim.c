@@ -1,4 +1,4 @@
-/* The optimizer process's loop (see optim.h). Two update modes (DESIGN §5): after the backward,
+/* The optimizer process's loop (see optim.h). Two update modes (docs/design.md §6.3): after the backward,
  * once the global norm is known (needed for clipping; the update then overlaps the next step's
  * forward), or during the backward, each chunk once its gradient is complete, lowest-numbered first.
  *

@@ -21,8 +21,8 @@
 #include "shm/futex.h"
 #include "worker/backend.h"
 
-/* One H200: PCIe and GEMM from DESIGN §10; attention is cuDNN's fused kernels through this
- * backend as bench/NOTES_issue4.md measured them at B=2 T=4096 (FLOPs counted causal, backward
+/* One H200: PCIe and GEMM from docs/design.md §10.7; attention is cuDNN's fused kernels through this
+ * backend as docs/performance.md §1 gives them at B=2 T=4096 (FLOPs counted causal, backward
  * 2.5x forward; the built-in kernels, used where cuDNN does not load, reach 290 / 230); the rest
  * are estimates. */
 #define GPU_FIELD(name, assumed, unit) {#name, offsetof(struct calib_gpu, name), assumed, unit}

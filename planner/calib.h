@@ -1,7 +1,7 @@
-/* Calibration: the rates the step-time model (planner/model.h) turns FLOPs and bytes into seconds.
+/* Calibration: the rates the step-time model (planner/cost.h) turns FLOPs and bytes into seconds.
  * Host rates are measured at plan time and cached per host (calib-<host>.json); GPU rates come
- * from calib-gpu-<host>.json when a GPU host wrote one, else from one H200's numbers (DESIGN §10,
- * bench/NOTES_issue4.md). Files live in $SLIDEDP_CACHE_DIR, else ~/.cache/slidedp. Used by the
+ * from calib-gpu-<host>.json when a GPU host wrote one, else from one H200's numbers (docs/design.md §10.7,
+ * docs/performance.md §1). Files live in $SLIDEDP_CACHE_DIR, else ~/.cache/slidedp. Used by the
  * planner and slidedp-plan. */
 #ifndef SD_CALIB_H
 #define SD_CALIB_H
@@ -82,7 +82,7 @@ struct calib_gpu {
 struct calib_gpu_field {
     const char *name;
     size_t offset;
-    double assumed; /* DESIGN §10 H200 value */
+    double assumed; /* one H200's value (docs/design.md §10.7) */
     const char *unit;
 };
 extern const struct calib_gpu_field calib_gpu_fields[];
@@ -116,7 +116,7 @@ int calib_load(struct calib *c);
 /* Measures the host rates now (about a second). */
 int calib_measure_host(struct calib_host *h);
 
-/* GPU fields all assumed (DESIGN §10). */
+/* GPU fields all assumed (docs/design.md §10.7). */
 void calib_gpu_defaults(struct calib_gpu *g);
 
 /* A curve read at t threads (clamped to the measured range). */

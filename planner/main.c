@@ -15,7 +15,7 @@
 #include "common/fsutil.h"
 #include "common/job.h"
 #include "common/model_config.h"
-#include "planner/plan.h"
+#include "planner/search.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -93,12 +93,9 @@ static void print_topology(const struct report *r)
     }
 }
 
-static void print_text(const struct report *r)
+static void print_text_job(const struct report *r)
 {
     const struct job_config *job = r->job;
-    const struct plan_info *in = r->info;
-    const struct step_pred *p = &in->pred;
-    const struct calib *cal = r->cal;
     bool cpu = job->device == DEVICE_CPU;
     bool billions = r->num_params >= 1e9;
     printf("job: %s %s, %.2f%s params, %d layers; %d x %s, %d x %d tokens per micro-step, grad_accum %d: %.0f tokens "
@@ -108,6 +105,14 @@ static void print_text(const struct report *r)
            cpu ? "cpu worker" : "cuda GPU", job->micro_batch, job->seq_len, job->grad_accum, r->tokens);
     print_topology(r);
     plan_print(stdout, r->plan, r->cfg, job);
+}
+
+static void print_text_prediction(const struct report *r)
+{
+    const struct job_config *job = r->job;
+    const struct plan_info *in = r->info;
+    const struct step_pred *p = &in->pred;
+    bool cpu = job->device == DEVICE_CPU;
     bool tera = p->flops / p->step_s >= 1e12;
     printf("\npredicted step time %.4f s: %.0f tokens/s, %.1f %sFLOP/s per rank (%d plans priced)\n", p->step_s,
            r->tokens / p->step_s, p->flops / p->step_s / (tera ? 1e12 : 1e9), tera ? "T" : "G", in->evaluated);
@@ -123,7 +128,12 @@ static void print_text(const struct report *r)
     printf("  host memory bw   %10.4f s  (all ranks' transfers and the optimizers)\n", p->host_mem_s);
     printf("  exposed          %10.4f s  (fill, drain and waits beyond the bottleneck)\n", p->exposed_s);
     printf("  bottleneck: %s\n", plan_bottleneck_name(p->bottleneck));
+}
 
+static void print_text_gpu_memory(const struct report *r)
+{
+    const struct plan_info *in = r->info;
+    bool cpu = r->job->device == DEVICE_CPU;
     const struct gpu_mem_pred *g = &in->gpu;
     int L = r->cfg->num_layers;
     if (cpu && in->gpu_auto && in->gpu_budget == 0)
@@ -146,7 +156,12 @@ static void print_text(const struct report *r)
     if (g->peer_bufs)
         printf("  peer routes      %10s  (exchange slots%s)\n", sz(g->peer_bufs),
                r->plan->grad_route == GRADS_GPU ? " and gradient shard accumulators" : "");
+}
 
+static void print_text_host_memory(const struct report *r)
+{
+    const struct plan_info *in = r->info;
+    bool cpu = r->job->device == DEVICE_CPU;
     const struct host_mem_pred *h = &in->host;
     printf("\nhost memory: %s = params16 %s + master/m/v %s + gradients %s + ctl %s\n",
            sz(h->total), sz(h->params16), sz(h->master), sz(h->grads), sz(h->ctl));
@@ -157,19 +172,28 @@ static void print_text(const struct report *r)
                in->host_fits ? "fits"
                              : cpu ? "DOES NOT FIT; the job cannot run on this host (planned for the workers alone)"
                                    : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
+}
 
-    if (in->num_whatifs > 0) {
-        printf("\nnot implemented yet, on this plan:\n");
-        for (int i = 0; i < in->num_whatifs; i++) {
-            const struct plan_whatif *w = &in->whatifs[i];
-            if (w->fits)
-                printf("  %-44s step %.4f s (%+.1f%%), %s per rank, %d/%d layers kept\n", w->what, w->step_s,
-                       100.0 * (w->step_s / p->step_s - 1), sz(w->gpu_bytes), w->kept, L);
-            else
-                printf("  %-44s does not fit\n", w->what);
-        }
+static void print_text_whatifs(const struct report *r)
+{
+    const struct plan_info *in = r->info;
+    if (in->num_whatifs == 0)
+        return;
+    printf("\nnot implemented yet, on this plan:\n");
+    for (int i = 0; i < in->num_whatifs; i++) {
+        const struct plan_whatif *w = &in->whatifs[i];
+        if (w->fits)
+            printf("  %-44s step %.4f s (%+.1f%%), %s per rank, %d/%d layers kept\n", w->what, w->step_s,
+                   100.0 * (w->step_s / in->pred.step_s - 1), sz(w->gpu_bytes), w->kept, r->cfg->num_layers);
+        else
+            printf("  %-44s does not fit\n", w->what);
     }
+}
 
+static void print_text_calibration(const struct report *r)
+{
+    const struct calib *cal = r->cal;
+    bool cpu = r->job->device == DEVICE_CPU;
     printf("\ncalibration, host %s (%d cpus): %s%s%s\n", cal->hostname, cal->host.ncpu,
            source_name(cal->host_source), cal->host_file[0] ? ", " : "", cal->host_file);
     printf("  memcpy   ");
@@ -187,8 +211,8 @@ static void print_text(const struct report *r)
     if (cpu)
         return; /* the CPU backend uses no GPU rates */
     printf("calibration, GPU: %s\n", cal->gpu_file[0] ? cal->gpu_file
-                                                     : "no calibration file: one H200's numbers (DESIGN §10, "
-                                                       "bench/NOTES_issue4.md), assumed");
+                                                     : "no calibration file: one H200's numbers (docs/design.md §10.7, "
+                                                       "docs/performance.md §1), assumed");
     for (int i = 0; i < calib_gpu_num_fields; i++) {
         const struct calib_gpu_field *f = &calib_gpu_fields[i];
         double v = calib_gpu_get(&cal->gpu, i);
@@ -201,6 +225,16 @@ static void print_text(const struct report *r)
             printf("  %-18s %10.1f %s%s %s\n", f->name, v / (f->unit[0] == 'F' ? 1e12 : 1e9),
                    f->unit[0] == 'F' ? "T" : "G", f->unit, from_file ? "measured (file)" : "assumed");
     }
+}
+
+static void print_text(const struct report *r)
+{
+    print_text_job(r);
+    print_text_prediction(r);
+    print_text_gpu_memory(r);
+    print_text_host_memory(r);
+    print_text_whatifs(r);
+    print_text_calibration(r);
 }
 
 static cJSON *curve_json(const struct calib_curve *cv)
@@ -246,22 +280,22 @@ static cJSON *topology_json(const struct report *r)
     return o;
 }
 
-static void print_json(const struct report *r)
+static cJSON *job_json(const struct report *r)
 {
-    const struct plan *pl = r->plan;
-    const struct plan_info *in = r->info;
-    const struct step_pred *p = &in->pred;
-    const struct calib *cal = r->cal;
-    cJSON *o = cJSON_CreateObject();
-    cJSON *job = cJSON_AddObjectToObject(o, "job");
+    cJSON *job = cJSON_CreateObject();
     cJSON_AddStringToObject(job, "model_type", r->cfg->model_type);
     cJSON_AddNumberToObject(job, "params", r->num_params);
     cJSON_AddNumberToObject(job, "layers", r->cfg->num_layers);
     cJSON_AddStringToObject(job, "device", r->job->device == DEVICE_CPU ? "cpu" : "cuda");
     cJSON_AddNumberToObject(job, "gpus", r->job->gpus);
     cJSON_AddNumberToObject(job, "tokens_per_step", r->tokens);
+    return job;
+}
 
-    cJSON *pj = cJSON_AddObjectToObject(o, "plan");
+static cJSON *plan_json(const struct report *r)
+{
+    const struct plan *pl = r->plan;
+    cJSON *pj = cJSON_CreateObject();
     cJSON_AddNumberToObject(pj, "layers_per_chunk", pl->layers_per_chunk);
     cJSON_AddNumberToObject(pj, "chunk_buffers", pl->chunk_buffers);
     cJSON_AddNumberToObject(pj, "grad_slots", pl->grad_slots);
@@ -278,8 +312,13 @@ static void print_json(const struct report *r)
     cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
     for (int l = 0; l < r->cfg->num_layers; l++)
         cJSON_AddItemToArray(keep, cJSON_CreateNumber(pl->keep_acts[l]));
+    return pj;
+}
 
-    cJSON *pr = cJSON_AddObjectToObject(o, "predicted");
+static cJSON *prediction_json(const struct report *r)
+{
+    const struct step_pred *p = &r->info->pred;
+    cJSON *pr = cJSON_CreateObject();
     cJSON_AddNumberToObject(pr, "step_s", p->step_s);
     cJSON_AddNumberToObject(pr, "tokens_per_s", r->tokens / p->step_s);
     cJSON_AddNumberToObject(pr, "compute_s", p->compute_s);
@@ -296,8 +335,13 @@ static void print_json(const struct report *r)
     cJSON_AddNumberToObject(pr, "d2h_bytes_per_rank", p->d2h_bytes);
     cJSON_AddNumberToObject(pr, "p2p_bytes_per_rank", p->p2p_bytes);
     cJSON_AddNumberToObject(pr, "optim_bytes", p->optim_bytes);
+    return pr;
+}
 
-    cJSON *g = cJSON_AddObjectToObject(o, "gpu_memory");
+static cJSON *gpu_memory_json(const struct report *r)
+{
+    const struct plan_info *in = r->info;
+    cJSON *g = cJSON_CreateObject();
     cJSON_AddNumberToObject(g, "budget", (double)in->gpu_budget);
     cJSON_AddBoolToObject(g, "auto", in->gpu_auto);
     cJSON_AddNumberToObject(g, "total", (double)in->gpu.total);
@@ -313,11 +357,15 @@ static void print_json(const struct report *r)
     cJSON_AddNumberToObject(g, "workspace", (double)in->gpu.workspace);
     cJSON_AddNumberToObject(g, "context", (double)in->gpu.context);
     cJSON_AddNumberToObject(g, "peer_buffers", (double)in->gpu.peer_bufs);
+    return g;
+}
 
-    cJSON_AddItemToObject(o, "topology", topology_json(r));
-    cJSON *rj = cJSON_AddObjectToObject(o, "routes");
-    cJSON_AddStringToObject(rj, "param_route", param_route_name(pl->param_route));
-    cJSON_AddStringToObject(rj, "grad_route", grad_route_name(pl->grad_route));
+static cJSON *routes_json(const struct report *r)
+{
+    const struct plan_info *in = r->info;
+    cJSON *rj = cJSON_CreateObject();
+    cJSON_AddStringToObject(rj, "param_route", param_route_name(r->plan->param_route));
+    cJSON_AddStringToObject(rj, "grad_route", grad_route_name(r->plan->grad_route));
     cJSON_AddStringToObject(rj, "reason", in->route_reason);
     cJSON *opts = cJSON_AddArrayToObject(rj, "options");
     for (int i = 0; i < in->num_routes; i++) {
@@ -330,8 +378,12 @@ static void print_json(const struct report *r)
         cJSON_AddNumberToObject(e, "gpu_bytes", (double)ro->gpu_bytes);
         cJSON_AddItemToArray(opts, e);
     }
+    return rj;
+}
 
-    cJSON *h = cJSON_AddObjectToObject(o, "host_memory");
+static cJSON *host_memory_json(const struct plan_info *in)
+{
+    cJSON *h = cJSON_CreateObject();
     cJSON_AddNumberToObject(h, "total", (double)in->host.total);
     cJSON_AddNumberToObject(h, "params16", (double)in->host.params16);
     cJSON_AddNumberToObject(h, "master", (double)in->host.master);
@@ -340,19 +392,30 @@ static void print_json(const struct report *r)
     cJSON_AddNumberToObject(h, "workers", (double)in->host.workers);
     cJSON_AddNumberToObject(h, "available", (double)in->host_available);
     cJSON_AddBoolToObject(h, "fits", in->host_fits);
+    return h;
+}
 
-    cJSON *w = cJSON_AddArrayToObject(o, "not_implemented");
+/* The policies the workers do not implement yet, priced (with_fits: each one says whether it fits;
+ * the report of a failed search leaves that out). */
+static cJSON *whatifs_json(const struct plan_info *in, bool with_fits)
+{
+    cJSON *w = cJSON_CreateArray();
     for (int i = 0; i < in->num_whatifs; i++) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "what", in->whatifs[i].what);
-        cJSON_AddBoolToObject(e, "fits", in->whatifs[i].fits);
+        if (with_fits)
+            cJSON_AddBoolToObject(e, "fits", in->whatifs[i].fits);
         cJSON_AddNumberToObject(e, "step_s", in->whatifs[i].step_s);
         cJSON_AddNumberToObject(e, "gpu_bytes", (double)in->whatifs[i].gpu_bytes);
         cJSON_AddNumberToObject(e, "kept_layers", in->whatifs[i].kept);
         cJSON_AddItemToArray(w, e);
     }
+    return w;
+}
 
-    cJSON *c = cJSON_AddObjectToObject(o, "calibration");
+static cJSON *calibration_json(const struct calib *cal)
+{
+    cJSON *c = cJSON_CreateObject();
     cJSON *ch = cJSON_AddObjectToObject(c, "host");
     cJSON_AddStringToObject(ch, "hostname", cal->hostname);
     cJSON_AddStringToObject(ch, "source", cal->host_source == CALIB_MEASURED ? "measured" : "cached");
@@ -369,10 +432,30 @@ static void print_json(const struct report *r)
         cJSON_AddNumberToObject(f, "value", calib_gpu_get(&cal->gpu, i));
         cJSON_AddStringToObject(f, "source", cal->gpu_from_file >> i & 1 ? "measured" : "assumed");
     }
+    return c;
+}
+
+static void print_cjson(cJSON *o)
+{
     char *text = cJSON_Print(o);
     printf("%s\n", text);
     free(text);
     cJSON_Delete(o);
+}
+
+static void print_json(const struct report *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "job", job_json(r));
+    cJSON_AddItemToObject(o, "plan", plan_json(r));
+    cJSON_AddItemToObject(o, "predicted", prediction_json(r));
+    cJSON_AddItemToObject(o, "gpu_memory", gpu_memory_json(r));
+    cJSON_AddItemToObject(o, "topology", topology_json(r));
+    cJSON_AddItemToObject(o, "routes", routes_json(r));
+    cJSON_AddItemToObject(o, "host_memory", host_memory_json(r->info));
+    cJSON_AddItemToObject(o, "not_implemented", whatifs_json(r->info, true));
+    cJSON_AddItemToObject(o, "calibration", calibration_json(r->cal));
+    print_cjson(o);
 }
 
 /* Nothing fits the GPUs: what the job would need, on stdout (the error itself goes to stderr). */
@@ -388,19 +471,8 @@ static void print_failure(const struct job_config *job, const struct plan_info *
         cJSON_AddNumberToObject(hj, "total", (double)h->total);
         cJSON_AddNumberToObject(hj, "available", (double)in->host_available);
         cJSON_AddBoolToObject(hj, "fits", in->host_fits);
-        cJSON *w = cJSON_AddArrayToObject(o, "not_implemented");
-        for (int i = 0; i < in->num_whatifs; i++) {
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddStringToObject(e, "what", in->whatifs[i].what);
-            cJSON_AddNumberToObject(e, "step_s", in->whatifs[i].step_s);
-            cJSON_AddNumberToObject(e, "gpu_bytes", (double)in->whatifs[i].gpu_bytes);
-            cJSON_AddNumberToObject(e, "kept_layers", in->whatifs[i].kept);
-            cJSON_AddItemToArray(w, e);
-        }
-        char *text = cJSON_Print(o);
-        printf("%s\n", text);
-        free(text);
-        cJSON_Delete(o);
+        cJSON_AddItemToObject(o, "not_implemented", whatifs_json(in, false));
+        print_cjson(o);
         return;
     }
     printf("no plan fits %s per GPU; the smallest needs %s\n", sz((double)job->gpu_mem),

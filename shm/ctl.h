@@ -163,8 +163,8 @@ struct loss_progress {
     double sum;
 };
 
-/* The exchange between workers' device memory (sharded parameters, GPU-side gradients; DESIGN
- * §6). Each worker owns a window of device memory its peers read (CUDA IPC on GPUs; the grads
+/* The exchange between workers' device memory (sharded parameters, GPU-side gradients; docs/design.md
+ * §7.3). Each worker owns a window of device memory its peers read (CUDA IPC on GPUs; the grads
  * region on the CPU backend): XCHG_SLOTS parameter-shard slots and XCHG_SLOTS gradient slots.
  * Every rank walks the same two key sequences in the same order, one key per (version, chunk) of
  * the parameters (xchg_param_key) and per (step, micro-step, chunk) of the gradients

@@ -1,4 +1,4 @@
-/* Bad input to slidedp-launch (DESIGN §8): a table of malformed job files, configs, checkpoints and
+/* Bad input to slidedp-launch (docs/design.md §2.4): a table of malformed job files, configs, checkpoints and
  * token shards, host memory that is too small, and shared memory of another job. Each case must
  * exit 2 with one line naming the problem, and create or modify nothing: no log or checkpoint
  * directory, no shared memory object, input files untouched. */

@@ -1,4 +1,4 @@
-/* Unit tests of common/data.c: the sequence order contract (DESIGN §1) over llm.c v1/v7 and SFT
+/* Unit tests of common/data.c: the sequence order contract (docs/design.md §2.3) over llm.c v1/v7 and SFT
  * shards, data-parallel equivalence of the index formula, per-epoch shuffling, SFT target masks,
  * the writers, rejection of bad files, and the slidedp-data generator's output. */
 #include "testutil.h"

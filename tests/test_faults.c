@@ -1,4 +1,4 @@
-/* Crash recovery on the CPU backend (DESIGN §8): kill -9 workers and optimizer processes at random
+/* Crash recovery on the CPU backend (docs/design.md §8): kill -9 workers and optimizer processes at random
  * moments and at every named point of the gradient and update protocol, kill the launcher and
  * relaunch, stop with SIGTERM and resume from the disk checkpoint, and drive a process into a
  * crash loop. Every run that completes must produce final weights bit-identical to an

@@ -1,4 +1,4 @@
-/* HF parity (DESIGN §2, §3): for each fixture made with transformers (tests/fixtures/<name>, built by
+/* HF parity (docs/design.md §9): for each fixture made with transformers (tests/fixtures/<name>, built by
  * gen_fixtures.py), the CPU backend's logits, loss and every parameter's gradient match the
  * reference, and a 4-step AdamW run through slidedp-launch (warmup + cosine, clipping, grad
  * accumulation) matches the reference losses and final weights, with --gpus 1 and with --gpus 2

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "planner/plan.h"
+#include "planner/search.h"
 
 static struct calib test_calib(void)
 {
@@ -84,8 +84,8 @@ static void test_layer_flops(void **state)
      * Causal attention: 4 query heads x 2 sequences x 8*9/2 pairs = 288 pairs, QK and PV 2 FLOPs
      * each per dimension: 4*288*16. */
     double expect = 16.0 * 2 * 49152 + 4.0 * 288 * 16;
-    assert_true(fabs(model_layer_flops(&c, 2, 8) - expect) < 1e-6);
-    assert_true(fabs(model_head_flops(&c, 16) - 2.0 * 16 * 64 * 32) < 1e-6);
+    assert_true(fabs(cost_layer_flops(&c, 2, 8) - expect) < 1e-6);
+    assert_true(fabs(cost_head_flops(&c, 16) - 2.0 * 16 * 64 * 32) < 1e-6);
     /* Qwen3-14B-like layer at 4096 tokens: 5120 hidden, 40 heads of 128, 8 KV heads, 17408 MLP */
     struct model_config q;
     memset(&q, 0, sizeof q);
@@ -96,8 +96,8 @@ static void test_layer_flops(void **state)
     q.head_dim = 128;
     double w = 5120.0 * 5120 * 2 + 2 * 5120.0 * 1024 + 3 * 5120.0 * 17408; /* 330,301,440 */
     double attn = 4.0 * 40 * (4096.0 * 4097 / 2) * 128;
-    assert_true(fabs(model_layer_flops(&q, 1, 4096) - (2 * 4096 * w + attn)) < 1.0);
-    printf("# qwen3-14b layer forward at 4096 tokens: %.2f TFLOP\n", model_layer_flops(&q, 1, 4096) / 1e12);
+    assert_true(fabs(cost_layer_flops(&q, 1, 4096) - (2 * 4096 * w + attn)) < 1.0);
+    printf("# qwen3-14b layer forward at 4096 tokens: %.2f TFLOP\n", cost_layer_flops(&q, 1, 4096) / 1e12);
 }
 
 /* Prices a hand-made plan for the tiny model with L layers, one per chunk. */
@@ -109,17 +109,17 @@ static void price_plan(const struct model_config *cfg, const struct job_config *
     assert_int_equal(layout_build(cfg, p->layers_per_chunk, lay), 0);
     int owner[64];
     plan_assign_owners(lay, p->optim_procs, owner);
-    struct model_case mc = {.job = job, .cfg = cfg, .lay = lay, .plan = p, .owner = owner, .cal = &cal,
+    struct cost_case mc = {.job = job, .cfg = cfg, .lay = lay, .plan = p, .owner = owner, .cal = &cal,
                             .host_cpus = 8};
     int kept = 0;
     for (int l = 0; l < cfg->num_layers; l++)
         kept += p->keep_acts[l];
     if (pred)
-        model_step(&mc, pred);
+        cost_step(&mc, pred);
     if (gm)
-        model_gpu_memory(&mc, kept, gm);
+        cost_gpu_memory(&mc, kept, gm);
     if (hm)
-        model_host_memory(&mc, gm ? gm->total : 0, hm);
+        cost_host_memory(&mc, gm ? gm->total : 0, hm);
 }
 
 static struct plan hand_plan(int lpc, int buffers, int slots, int procs, int mode)

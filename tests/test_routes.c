@@ -1,4 +1,4 @@
-/* The routes of several GPUs (DESIGN §6) on the CPU backend, where shared memory stands in for
+/* The routes of several GPUs (docs/design.md §7) on the CPU backend, where shared memory stands in for
  * peer copies: for G = 2 and 3, replicated or sharded parameters with gradients reduced on the
  * CPU or on the "GPUs" give final weights and losses bit-identical to G = 1 with grad_accum x G;
  * the metrics show each route's traffic per link; and workers killed inside the exchange are

@@ -49,7 +49,7 @@ struct backend_ops {
     /* Waits until all queued work (compute and copies) has finished. */
     void (*synchronize)(struct backend *be);
 
-    /* ---- streaming (DESIGN §5) ---- */
+    /* ---- streaming (docs/design.md §6.1) ---- */
     /* Makes the host memory [p, p+bytes) usable for async DMA (cudaHostRegister). read_only for
      * params16, which workers map PROT_READ. No-op on the CPU backend. */
     int (*register_host)(struct backend *be, void *p, size_t bytes, bool read_only);
@@ -70,7 +70,7 @@ struct backend_ops {
      * source, so that buffer may be overwritten. */
     void (*wait_grads_device)(struct backend *be, int slot);
 
-    /* ---- exchange between workers (DESIGN §6) ---- */
+    /* ---- exchange between workers (docs/design.md §7.3) ---- */
     /* Device memory other processes can map, named by the 64 bytes written to *handle (CUDA IPC).
      * NULL on a backend whose exchange windows live in shared host memory (CPU). */
     void *(*alloc_exported)(struct backend *be, size_t bytes, void *handle);

@@ -1,7 +1,7 @@
 /* The worker process's step loop and its streaming model_io (see pipeline.h). One chunk cache of
  * device buffers holds (chunk, version) pairs, so when the plan gives enough buffers the weights
  * stay resident across micro-steps and each step streams every chunk once. With G > 1 the routes
- * of DESIGN §6 apply: parameters replicated (every rank copies each chunk from the host) or
+ * of docs/design.md §7 apply: parameters replicated (every rank copies each chunk from the host) or
  * sharded (each rank copies its 1/G into its exchange window and gathers the rest from its peers'
  * windows), gradients reduced on the CPU (every rank sends each chunk) or on the GPUs (each rank
  * sums its 1/G of every rank's gradient, in rank order, over the step, and sends that). */

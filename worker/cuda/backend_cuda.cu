@@ -140,7 +140,7 @@ static void cu_download_f32(struct backend *be, float *dst_host, const void *src
     }
 }
 
-/* ---- streaming (DESIGN §5) ---- */
+/* ---- streaming (docs/design.md §6.1) ---- */
 
 static int cu_register_host(struct backend *be, void *p, size_t bytes, bool read_only)
 {

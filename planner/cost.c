@@ -1,7 +1,7 @@
-/* Step-time and memory model of a candidate plan (see model.h): per-op costs from the calibration,
+/* Step-time and memory model of a candidate plan (see cost.h): per-op costs from the calibration,
  * then a walk through a few steps of the pipeline, event by event, in the order the worker, its
  * chunk cache and the optimizer processes do the work. */
-#include "model.h"
+#include "cost.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -83,7 +83,7 @@ struct shape {
     bool qk, bias;
 };
 
-static struct shape shape_of(const struct model_case *mc)
+static struct shape shape_of(const struct cost_case *mc)
 {
     const struct model_config *cfg = mc->cfg;
     struct shape s = {
@@ -160,14 +160,14 @@ static double head_s(const struct dev *d, const struct shape *s, int logits_rows
     return t;
 }
 
-double model_layer_flops(const struct model_config *cfg, int B, int T)
+double cost_layer_flops(const struct model_config *cfg, int B, int T)
 {
     double N = (double)B * T, C = cfg->hidden_size, I = cfg->intermediate_size;
     double q = (double)cfg->num_heads * cfg->head_dim, kv = (double)cfg->num_kv_heads * cfg->head_dim;
     return 2 * N * (C * q + 2 * C * kv + q * C + 3 * C * I) + 4 * attn_pairs(B, T, cfg->num_heads) * cfg->head_dim;
 }
 
-double model_head_flops(const struct model_config *cfg, int64_t N)
+double cost_head_flops(const struct model_config *cfg, int64_t N)
 {
     return 2.0 * (double)N * cfg->hidden_size * cfg->vocab_size;
 }
@@ -185,7 +185,7 @@ static int alloc_align(const struct job_config *job)
     return job->device == DEVICE_CPU ? 1 : 256;
 }
 
-int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act, int align)
+int64_t cost_layer_act_bytes(const struct model_config *cfg, int64_t N, int act, int align)
 {
     int64_t C = cfg->hidden_size, I = cfg->intermediate_size;
     int64_t q = (int64_t)cfg->num_heads * cfg->head_dim, kv = (int64_t)cfg->num_kv_heads * cfg->head_dim;
@@ -200,7 +200,7 @@ int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act
     return t;
 }
 
-void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred *out)
+void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *out)
 {
     const struct model_config *cfg = mc->cfg;
     const struct job_config *job = mc->job;
@@ -226,7 +226,7 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
      * and the final one, plus two staging buffers for the transfers */
     int inputs = mc->offload ? kept + 3 : L + 1;
     out->layer_inputs = inputs * al(N * C * act, a);
-    out->acts_per_layer = model_layer_act_bytes(cfg, N, act, a);
+    out->acts_per_layer = cost_layer_act_bytes(cfg, N, act, a);
     out->kept_acts = (int64_t)kept * out->acts_per_layer + (kept < L ? out->acts_per_layer : 0);
     out->bwd_scratch = 3 * al(N * C * act, a) + al(N * 4, a) /* d_final, d_dres, d_dfinal, d_final_rstd */
                        + 3 * al(N * I * act, a) + al(N * C * act, a) /* bw_ni0..2, bw_nc */
@@ -258,7 +258,7 @@ void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred
                  out->logits + out->misc + out->workspace + out->peer_bufs + out->context;
 }
 
-void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
+void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
 {
     const struct layout *lay = mc->lay;
     const struct plan *p = mc->plan;
@@ -296,11 +296,14 @@ struct centry {
 #define SIM_STEPS 3
 
 struct sim {
-    const struct model_case *mc;
+    const struct cost_case *mc;
     bool cpu, tied, during, on_device;
     bool direct;    /* gradients land in the accumulator: no slots to wait for (plan_grads_direct) */
     bool shard_acc; /* GPU-side gradients: micro-steps reduce-scatter into shard accumulators */
     bool sharded;   /* sharded parameters: each fill is a host-synchronised exchange */
+    int sends;      /* gradient posts per chunk and rank per step (1 when the micro-steps sum on the device) */
+    bool bf16_grads; /* gradients cross in bf16 (plan_grads_bf16) */
+    double sumsq_bytes, update_bytes; /* optimizer bytes per parameter, less with bf16 gradients */
     int nc, hc, G, A, K, S;
     double wake;
     /* per chunk, seconds */
@@ -577,7 +580,7 @@ struct rates {
     double adamw;     /* per optimizer process, params/s */
 };
 
-static struct rates rates_of(const struct model_case *mc)
+static struct rates rates_of(const struct cost_case *mc)
 {
     const struct calib *cal = mc->cal;
     const struct plan *p = mc->plan;
@@ -600,153 +603,182 @@ static struct rates rates_of(const struct model_case *mc)
 }
 
 
-void model_step(const struct model_case *mc, struct step_pred *out)
+/* The simulation of mc: its chunk arrays allocated, nothing simulated yet. */
+static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
 {
     const struct job_config *job = mc->job;
-    const struct layout *lay = mc->lay;
     const struct plan *p = mc->plan;
-    const struct calib *cal = mc->cal;
-    memset(out, 0, sizeof *out);
-    struct dev d = {job->device == DEVICE_CPU, &cal->host.cpu, &cal->gpu};
-    struct shape sh = shape_of(mc);
-    struct rates rt = rates_of(mc);
-    int nc = lay->num_chunks, G = job->gpus, A = job->grad_accum;
-    bool sharded = p->param_route == PARAMS_SHARDED && G > 1, gpu_grads = p->grad_route == GRADS_GPU && G > 1;
-    /* gradients sent to the host per step: every micro-step's, or once when the micro-steps are
-     * summed on the device (on-device accumulation, or the GPU-side route's shard accumulators) */
-    int sends = p->accumulate_on_device || gpu_grads ? 1 : A;
+    int nc = mc->lay->num_chunks, G = job->gpus, A = job->grad_accum;
+    bool gpu_grads = p->grad_route == GRADS_GPU && G > 1;
     /* gradients in bf16: half the copy, and the optimizer reads 2 bytes less of each */
     bool bf16_grads = plan_grads_bf16(p, job);
-    double sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES;
-    double update_bytes = bf16_grads ? UPDATE_BYTES - BF16_GRAD_SAVING : UPDATE_BYTES;
-
-    struct sim s = {
+    *s = (struct sim){
         .mc = mc,
-        .cpu = d.cpu,
+        .cpu = cpu,
         .tied = mc->cfg->tie_word_embeddings,
         .during = p->update_mode == UPDATE_DURING_BACKWARD,
         .on_device = p->accumulate_on_device,
         .direct = plan_grads_direct(p, G, A),
         .shard_acc = gpu_grads,
-        .sharded = sharded,
+        .sharded = p->param_route == PARAMS_SHARDED && G > 1,
+        /* gradients sent to the host per step: every micro-step's, or once when the micro-steps are
+         * summed on the device (on-device accumulation, or the GPU-side route's shard accumulators) */
+        .sends = p->accumulate_on_device || gpu_grads ? 1 : A,
+        .bf16_grads = bf16_grads,
+        .sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
+        .update_bytes = bf16_grads ? UPDATE_BYTES - BF16_GRAD_SAVING : UPDATE_BYTES,
         .nc = nc,
         .hc = nc - 1,
         .G = G,
         .A = A < SIM_MICRO ? A : SIM_MICRO,
         .K = p->optim_procs,
         .S = p->grad_slots,
-        .wake = cal->host.wake_s,
+        .wake = mc->cal->host.wake_s,
         .ncache = p->chunk_buffers,
     };
     enum { PER_CHUNK = 14 };
-    double *arrays = calloc((size_t)nc * PER_CHUNK + (size_t)s.K + (size_t)s.S + (size_t)nc + 2, sizeof(double));
-    s.cache = calloc((size_t)s.ncache, sizeof *s.cache);
-    s.update_pending = calloc((size_t)nc, sizeof(bool));
-    SD_ASSERT(arrays && s.cache && s.update_pending);
-    double **per_chunk[PER_CHUNK] = {&s.fwd,        &s.bwd,         &s.fetch_fwd,    &s.fetch_bwd, &s.bytes_fwd,
-                                     &s.bytes_bwd,  &s.send,        &s.exchange,     &s.offload_out, &s.reduce,
-                                     &s.update,     &s.version_at,  &s.next_version, &s.reduced_at};
+    double *arrays = calloc((size_t)nc * PER_CHUNK + (size_t)s->K + (size_t)s->S + (size_t)nc + 2, sizeof(double));
+    s->cache = calloc((size_t)s->ncache, sizeof *s->cache);
+    s->update_pending = calloc((size_t)nc, sizeof(bool));
+    SD_ASSERT(arrays && s->cache && s->update_pending);
+    double **per_chunk[PER_CHUNK] = {&s->fwd,        &s->bwd,         &s->fetch_fwd,    &s->fetch_bwd, &s->bytes_fwd,
+                                     &s->bytes_bwd,  &s->send,        &s->exchange,     &s->offload_out, &s->reduce,
+                                     &s->update,     &s->version_at,  &s->next_version, &s->reduced_at};
     for (int i = 0; i < PER_CHUNK; i++)
         *per_chunk[i] = arrays + (size_t)i * nc;
-    s.opt_free = arrays + (size_t)nc * PER_CHUNK;
-    s.slot_free = s.opt_free + s.K;
-    s.buf_free = s.slot_free + s.S;
-    for (int i = 0; i < s.ncache; i++)
-        s.cache[i].chunk = -1;
+    s->opt_free = arrays + (size_t)nc * PER_CHUNK;
+    s->slot_free = s->opt_free + s->K;
+    s->buf_free = s->slot_free + s->S;
+    for (int i = 0; i < s->ncache; i++)
+        s->cache[i].chunk = -1;
+}
 
-    /* per-chunk costs */
-    double lf = layer_fwd_s(&d, &sh), lb = layer_bwd_s(&d, &sh), act_bytes = sh.N * sh.C * 2;
-    double flops_layer = model_layer_flops(mc->cfg, sh.B, sh.T);
+static void sim_free(struct sim *s)
+{
+    free(s->fwd); /* the head of every chunk array */
+    free(s->cache);
+    free(s->update_pending);
+}
+
+/* Each chunk's compute, transfers, reduction and update, and the step's totals of the compute and
+ * device->host streams. */
+static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *rt, struct step_pred *out)
+{
+    const struct cost_case *mc = s->mc;
+    const struct layout *lay = mc->lay;
+    const struct plan *p = mc->plan;
+    const struct calib *cal = mc->cal;
+    struct shape sh = shape_of(mc);
+    int G = s->G, A = mc->job->grad_accum, sends = s->sends;
+    bool sharded = s->sharded, gpu_grads = s->shard_acc;
+    double lf = layer_fwd_s(d, &sh), lb = layer_bwd_s(d, &sh), act_bytes = sh.N * sh.C * 2;
+    double flops_layer = cost_layer_flops(mc->cfg, sh.B, sh.T);
     double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq) * sh.D;
-    for (int c = 0; c < nc; c++) {
+    for (int c = 0; c < s->nc; c++) {
         const struct chunk_desc *ch = &lay->chunks[c];
-        double wbytes = (double)ch->numel * 2, gbytes = (double)ch->numel * (bf16_grads ? 2 : 4);
-        if (d.cpu) { /* the worker converts params16 and copies its gradient into the slot itself */
-            s.fetch_fwd[c] = s.fetch_bwd[c] = elem_s(&d, ELEM_CONVERT, (double)ch->numel);
-            s.bytes_fwd[c] = s.bytes_bwd[c] = wbytes;
-            s.send[c] = elem_s(&d, ELEM_COPY, (double)ch->numel);
+        double wbytes = (double)ch->numel * 2, gbytes = (double)ch->numel * (s->bf16_grads ? 2 : 4);
+        if (d->cpu) { /* the worker converts params16 and copies its gradient into the slot itself */
+            s->fetch_fwd[c] = s->fetch_bwd[c] = elem_s(d, ELEM_CONVERT, (double)ch->numel);
+            s->bytes_fwd[c] = s->bytes_bwd[c] = wbytes;
+            s->send[c] = elem_s(d, ELEM_COPY, (double)ch->numel);
             out->d2h_bytes += sends * gbytes;
         } else {
             /* sharded: 1/G from the host while the rest comes from the peers */
             double host_part = sharded ? wbytes / G : wbytes, peer = sharded ? wbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
-            s.fetch_fwd[c] = fmax(host_part / rt.h2d_fwd, peer);
-            s.fetch_bwd[c] = fmax(host_part / rt.h2d_bwd, peer);
-            s.bytes_fwd[c] = s.bytes_bwd[c] = host_part;
+            s->fetch_fwd[c] = fmax(host_part / rt->h2d_fwd, peer);
+            s->fetch_bwd[c] = fmax(host_part / rt->h2d_bwd, peer);
+            s->bytes_fwd[c] = s->bytes_bwd[c] = host_part;
             /* GPU-side reduction: a reduce-scatter over the peers each micro-step, then 1/G to the host */
-            s.exchange[c] = gpu_grads ? gbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
-            s.send[c] = (gpu_grads ? gbytes / G : gbytes) / rt.d2h;
+            s->exchange[c] = gpu_grads ? gbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
+            s->send[c] = (gpu_grads ? gbytes / G : gbytes) / rt->d2h;
             out->d2h_bytes += sends * (gpu_grads ? gbytes / G : gbytes);
             out->p2p_bytes += gpu_grads ? A * gbytes * (G - 1) / G : 0;
         }
         /* with GPU-side reduction each rank's descriptor carries the rank-summed 1/G of the chunk */
-        s.reduce[c] = (double)ch->numel * (s.direct ? sumsq_bytes : REDUCE_BYTES) / rt.reduce_bw / (gpu_grads ? G : 1);
-        s.update[c] = (double)ch->numel / rt.adamw * update_bytes / UPDATE_BYTES;
+        s->reduce[c] =
+            (double)ch->numel * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / rt->reduce_bw / (gpu_grads ? G : 1);
+        s->update[c] = (double)ch->numel / rt->adamw * s->update_bytes / UPDATE_BYTES;
         if (ch->kind == CHUNK_EMBED) {
-            s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + elem_s(&d, ELEM_EMBED_FWD, sh.N * sh.C);
-            s.bwd[c] = elem_s(&d, ELEM_EMBED_BWD, sh.N * sh.C);
+            s->fwd[c] = elem_s(d, ELEM_ZERO, (double)ch->numel) + elem_s(d, ELEM_EMBED_FWD, sh.N * sh.C);
+            s->bwd[c] = elem_s(d, ELEM_EMBED_BWD, sh.N * sh.C);
         } else if (ch->kind == CHUNK_HEAD) {
-            s.fwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + head_s(&d, &sh, p->logits_rows);
+            s->fwd[c] = elem_s(d, ELEM_ZERO, (double)ch->numel) + head_s(d, &sh, p->logits_rows);
         } else {
             int recompute = 0;
             for (int l = ch->first_layer; l < ch->first_layer + ch->num_layers; l++)
                 recompute += !p->keep_acts[l];
-            s.fwd[c] = ch->num_layers * lf;
-            s.bwd[c] = elem_s(&d, ELEM_ZERO, (double)ch->numel) + ch->num_layers * lb + recompute * lf;
+            s->fwd[c] = ch->num_layers * lf;
+            s->bwd[c] = elem_s(d, ELEM_ZERO, (double)ch->numel) + ch->num_layers * lb + recompute * lf;
             out->recompute_s += A * recompute * lf;
             out->flops += A * (ch->num_layers * (3 * flops_layer + 1.5 * attn_flops) + recompute * flops_layer);
-            if (mc->offload && !d.cpu && recompute > 0) { /* inputs out in the forward, back in the backward */
-                s.offload_out[c] = recompute * act_bytes / rt.d2h;
-                s.fetch_bwd[c] += recompute * act_bytes / rt.h2d_bwd;
-                s.bytes_bwd[c] += recompute * act_bytes;
+            if (mc->offload && !d->cpu && recompute > 0) { /* inputs out in the forward, back in the backward */
+                s->offload_out[c] = recompute * act_bytes / rt->d2h;
+                s->fetch_bwd[c] += recompute * act_bytes / rt->h2d_bwd;
+                s->bytes_bwd[c] += recompute * act_bytes;
                 out->d2h_bytes += A * recompute * act_bytes;
-                out->d2h_s += A * s.offload_out[c];
+                out->d2h_s += A * s->offload_out[c];
             }
         }
-        out->compute_s += A * (s.fwd[c] + s.bwd[c]);
-        out->d2h_s += sends * s.send[c];
+        out->compute_s += A * (s->fwd[c] + s->bwd[c]);
+        out->d2h_s += sends * s->send[c];
     }
-    out->flops += A * 3 * model_head_flops(mc->cfg, (int64_t)sh.N);
+    out->flops += A * 3 * cost_head_flops(mc->cfg, (int64_t)sh.N);
+}
 
-    /* a few steps of the pipeline; the last one is the steady state */
+/* A few steps of the pipeline; the last one is the steady state. Returns its period (the micro-steps
+ * beyond the simulated ones extrapolated) and sets the host->device and peer terms. */
+static double simulate(struct sim *s, struct step_pred *out)
+{
+    const struct cost_case *mc = s->mc;
+    int G = s->G, A = mc->job->grad_accum;
     double commit[SIM_STEPS], micro_end[SIM_MICRO], h2d_s[SIM_MICRO], h2d_b[SIM_MICRO];
     for (int step = 0; step < SIM_STEPS; step++) {
-        s.step = step + 1;
-        for (int a = 0; a < s.A; a++) {
-            double busy0 = s.h2d_busy, bytes0 = s.h2d_bytes;
-            micro_step(&s, a == 0, a == s.A - 1);
-            micro_end[a] = s.host;
-            h2d_s[a] = s.h2d_busy - busy0;
-            h2d_b[a] = s.h2d_bytes - bytes0;
+        s->step = step + 1;
+        for (int a = 0; a < s->A; a++) {
+            double busy0 = s->h2d_busy, bytes0 = s->h2d_bytes;
+            micro_step(s, a == 0, a == s->A - 1);
+            micro_end[a] = s->host;
+            h2d_s[a] = s->h2d_busy - busy0;
+            h2d_b[a] = s->h2d_bytes - bytes0;
         }
-        commit[step] = finish_step(&s);
+        commit[step] = finish_step(s);
     }
     double period = commit[SIM_STEPS - 1] - commit[SIM_STEPS - 2];
-    for (int a = 0; a < s.A; a++) {
+    for (int a = 0; a < s->A; a++) {
         out->h2d_s += h2d_s[a];
         out->h2d_bytes += h2d_b[a];
     }
-    if (A > s.A) { /* the micro-steps beyond the simulated ones cost what the last one did */
-        double marginal = s.A >= 2 ? micro_end[s.A - 1] - micro_end[s.A - 2] : micro_end[0] - commit[SIM_STEPS - 2];
-        period += (A - s.A) * marginal;
-        out->h2d_s += (A - s.A) * h2d_s[s.A - 1];
-        out->h2d_bytes += (A - s.A) * h2d_b[s.A - 1];
+    if (A > s->A) { /* the micro-steps beyond the simulated ones cost what the last one did */
+        double marginal = s->A >= 2 ? micro_end[s->A - 1] - micro_end[s->A - 2] : micro_end[0] - commit[SIM_STEPS - 2];
+        period += (A - s->A) * marginal;
+        out->h2d_s += (A - s->A) * h2d_s[s->A - 1];
+        out->h2d_bytes += (A - s->A) * h2d_b[s->A - 1];
     }
-    if (sharded)
+    if (s->sharded)
         out->p2p_bytes += out->h2d_bytes * (G - 1);
-    out->p2p_s = out->p2p_bytes / cal->gpu.p2p_bw;
+    out->p2p_s = out->p2p_bytes / mc->cal->gpu.p2p_bw;
+    return period;
+}
 
+/* The optimizer and host-memory terms, the bottleneck, and the step: the simulated period, never
+ * shorter than the busiest stream. */
+static void stream_terms(const struct sim *s, const struct rates *rt, double period, struct step_pred *out)
+{
+    const struct cost_case *mc = s->mc;
+    int G = s->G, sends = s->sends;
+    bool gpu_grads = s->shard_acc;
     /* optimizer: the busiest process's work per step */
-    double *load = calloc((size_t)s.K, sizeof(double));
+    double *load = calloc((size_t)s->K, sizeof(double));
     SD_ASSERT(load);
-    for (int c = 0; c < nc; c++)
-        load[mc->owner[c]] += G * sends * s.reduce[c] + s.update[c];
-    for (int k = 0; k < s.K; k++)
+    for (int c = 0; c < s->nc; c++)
+        load[mc->owner[c]] += G * sends * s->reduce[c] + s->update[c];
+    for (int k = 0; k < s->K; k++)
         out->optim_s = fmax(out->optim_s, load[k]);
     free(load);
-    double numel = (double)lay->total_numel;
-    out->optim_bytes = G * sends * numel * (s.direct ? sumsq_bytes : REDUCE_BYTES) / (gpu_grads ? G : 1) +
-                       numel * update_bytes;
-    out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes) / rt.host_bw;
+    double numel = (double)mc->lay->total_numel;
+    out->optim_bytes = G * sends * numel * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / (gpu_grads ? G : 1) +
+                       numel * s->update_bytes;
+    out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes) / rt->host_bw;
 
     double terms[] = {[BOTTLENECK_COMPUTE] = out->compute_s, [BOTTLENECK_H2D] = out->h2d_s,
                       [BOTTLENECK_D2H] = out->d2h_s,         [BOTTLENECK_P2P] = out->p2p_s,
@@ -758,7 +790,18 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     /* no stream can be busy longer than the step (the simulated pipeline may still be filling) */
     out->step_s = fmax(period, terms[out->bottleneck]);
     out->exposed_s = fmax(0, out->step_s - terms[out->bottleneck]);
-    free(arrays);
-    free(s.cache);
-    free(s.update_pending);
+}
+
+void cost_step(const struct cost_case *mc, struct step_pred *out)
+{
+    const struct calib *cal = mc->cal;
+    memset(out, 0, sizeof *out);
+    struct dev d = {mc->job->device == DEVICE_CPU, &cal->host.cpu, &cal->gpu};
+    struct rates rt = rates_of(mc);
+    struct sim s;
+    sim_init(&s, mc, d.cpu);
+    chunk_costs(&s, &d, &rt, out);
+    double period = simulate(&s, out);
+    stream_terms(&s, &rt, period, out);
+    sim_free(&s);
 }

@@ -1,12 +1,12 @@
 #!/bin/bash
-# Issue 6 on a GPU host with one GPU, from the repo root: `--gpus 2` puts both workers on the same
+# Routes on a GPU host with one GPU, from the repo root: `--gpus 2` puts both workers on the same
 # GPU, so the exchange runs through CUDA IPC for real (each worker maps the other's window). The
 # Qwen3 fixture of the parity work and a Qwen3-1.7B-shape job train with every route combination
 # and are compared with `--gpus 1` at grad_accum x 2 (losses and final weights, bf16 tolerance).
-# A correctness check of the IPC plumbing, not a speed test. Logs in $OUT; needs .gpudeps/ as
-# gpu_issue4.sh's header says.
+# A correctness check of the IPC plumbing, not a speed test. Logs in $OUT; results in
+# docs/performance.md §3; needs .gpudeps/ as bench/gpu_build.sh's header says.
 . bench/gpu_build.sh
-w=/tmp/issue6
+w=/tmp/routes
 rm -rf "$w" && mkdir -p "$w"
 
 # run NAME INI GPUS GRAD_ACCUM PARAM_ROUTE GRAD_ROUTE [overrides...]
@@ -60,31 +60,12 @@ compare fx_g1 fx_g2_replicated_cpu fx_g2_replicated_gpu fx_g2_sharded_cpu fx_g2_
 
 # The Qwen3-1.7B shape: bigger chunks through the windows (the embedding chunk is 311M elements).
 random_tokens "$w/train.bin" 400000
-cat > "$w/big.ini" <<EOF
-[model]
-path = $root/examples/qwen3-1.7b
-init = random
-[data]
-train = $w/train.bin
-seq_len = 2048
-[train]
-micro_batch = 1
-steps = 3
-lr = 1e-4
-warmup = 1
-grad_clip = 1.0
-[checkpoint]
-dir = ckpt
-[runtime]
-device = cuda
-gpu_mem = 60G
-optim_procs = 4
-optim_threads = 3
-[log]
-dir = log
-EOF
-run big_g1 "$w/big.ini" 1 2 replicated cpu
-run big_g2_sharded_gpu "$w/big.ini" 2 1 sharded gpu
-run big_g2_replicated_cpu "$w/big.ini" 2 1 replicated cpu
+# the shared job at seq 2048, 1 sequence per micro-step, 3 steps, the final weights exported (run
+# gives each its own log and checkpoint folders)
+big=("data.train=$w/train.bin" data.seq_len=2048 train.micro_batch=1 train.steps=3 train.lr=1e-4 train.warmup=1
+    train.weight_decay=0 checkpoint.save_final=true runtime.gpu_mem=60G runtime.optim_procs=4 runtime.optim_threads=3)
+run big_g1 "$bench_ini" 1 2 replicated cpu "${big[@]}"
+run big_g2_sharded_gpu "$bench_ini" 2 1 sharded gpu "${big[@]}"
+run big_g2_replicated_cpu "$bench_ini" 2 1 replicated cpu "${big[@]}"
 log "Qwen3-1.7B shape (3 steps, seq 2048), --gpus 2 on one GPU vs --gpus 1 with grad_accum x 2:"
 compare big_g1 big_g2_replicated_cpu big_g2_sharded_gpu

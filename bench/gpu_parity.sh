@@ -1,15 +1,9 @@
 #!/bin/bash
-# Issue 4 on a GPU host, run from the repo root: builds with the carried .debs, runs the CUDA
-# op-parity test, the HF parity test, an end-to-end `--device cuda` training run of every fixture
-# against its reference losses, the attention and layer benchmarks and their PyTorch references,
-# and prints one table (ours, PyTorch, ratio). Logs go to $OUT (or .gpuout/).
-# Prepare once where Debian's registry is reachable (.gpudeps/ is git-ignored; carry it along):
-#   mkdir -p .gpudeps/extra && cp /work/shared/gpu-host/build.sh /work/shared/gpu-host/fetch-debs.sh .gpudeps/
-#   sh .gpudeps/fetch-debs.sh .gpudeps
-#   (cd .gpudeps/extra && apt-get download pkgconf pkgconf-bin libpkgconf3 libopenblas0-pthread \
-#       libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5)   # used only if the host lacks them
-#   mkdir -p .gpudeps/cudnn/include && cp /usr/local/cuda/include/cudnn*.h .gpudeps/cudnn/include/
-#       # cuDNN's header, used if the host lacks it (the library comes with PyTorch there)
+# Parity and kernels on a GPU host, run from the repo root: builds with the carried .debs, runs the
+# CUDA op-parity test, the HF parity test, an end-to-end `--device cuda` training run of every
+# fixture against its reference losses, the attention and layer benchmarks and their PyTorch
+# references, and prints one table (ours, PyTorch, ratio). Logs go to $OUT (or .gpuout/); results
+# in docs/performance.md §1. Needs .gpudeps/ as bench/gpu_build.sh's header says.
 . bench/gpu_build.sh
 
 # ---- correctness ----

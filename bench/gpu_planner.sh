@@ -1,28 +1,28 @@
 #!/bin/bash
-# Issue 7 on a GPU host, from the repo root: the planner's predicted step time against the measured
-# one for the Qwen3-1.7B shape (random init, seq 4096) at 3 micro-batch sizes and 2 GPU memory
-# budgets, and the planner's plan against hand-written alternatives at one of them. Prints one
-# table; logs in $OUT. Needs .gpudeps/ as gpu_issue4.sh's header says. With NO_BUILD=1 it expects
-# the caller to have sourced bench/gpu_build.sh already.
+# The planner on a GPU host, from the repo root: its predicted step time against the measured one
+# for the Qwen3-1.7B shape (random init, seq 4096) at 3 micro-batch sizes and 2 GPU memory budgets,
+# and its plan against hand-written alternatives at one of them. Prints one table; logs in $OUT;
+# results in docs/performance.md §4. Needs .gpudeps/ as bench/gpu_build.sh's header says. With
+# NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already.
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
-w=/tmp/issue7
+w=/tmp/planner
 rm -rf "$w" && mkdir -p "$w"
 shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 [ "${shm_free:-0}" -lt 60 ] && mount -o remount,size=100G /dev/shm
 random_tokens "$w/train.bin" 2000000
-qwen3_1_7b_job "$w" 6
+bench_job "$w"
 deadline=${DEADLINE:-560}
-: > "$out/issue7.results"
+: > "$out/planner.results"
 run() { # name, overrides...
     local name=$1 limit=$((deadline - SECONDS))
     shift
     [ "$limit" -gt 150 ] && limit=150
     [ "$limit" -lt 25 ] && { log "$name: skipped (no time left)"; return; }
     rm -rf "$w/log" "$w/ckpt"
-    timeout "$limit" "$build/slidedp-launch" "$w/job.ini" "$@" > "$out/i7_$name.log" 2>&1
+    timeout "$limit" "$build/slidedp-launch" "${job_args[@]}" "$@" > "$out/planner_$name.log" 2>&1
     local rc=$?
-    local plan=$(grep -E '^plan: ' "$out/i7_$name.log" | head -2 | tr '\n' ' ' | sed 's/plan: //g')
-    python3 - "$w/log/metrics.jsonl" "$name" "$rc" "$plan" "$*" <<'PY' | tee -a "$out/issue7.results"
+    local plan=$(grep -E '^plan: ' "$out/planner_$name.log" | head -2 | tr '\n' ' ' | sed 's/plan: //g')
+    python3 - "$w/log/metrics.jsonl" "$name" "$rc" "$plan" "$*" <<'PY' | tee -a "$out/planner.results"
 import json, sys, statistics as st
 path, name, rc, plan, args = sys.argv[1:]
 try:
@@ -34,7 +34,7 @@ m = st.median(x) if x else float("nan")
 p = rows[0]["predicted_step_s"] if rows else float("nan")
 print(json.dumps({"name": name, "rc": int(rc), "measured": m, "predicted": p, "args": args, "plan": plan}))
 PY
-    "$build/slidedp-launch" --clean "$w/job.ini" "$@" > /dev/null 2>&1
+    "$build/slidedp-launch" --clean "${job_args[@]}" "$@" > /dev/null 2>&1
 }
 for mem in auto 24G; do
     for mb in 1 2 4; do
@@ -48,7 +48,7 @@ if [ -z "${NO_ALTS:-}" ]; then
     run alt_optim1x14 train.micro_batch=2 runtime.gpu_mem=24G runtime.optim_procs=1 runtime.optim_threads=14
     run alt_lpc4 train.micro_batch=2 runtime.gpu_mem=24G runtime.layers_per_chunk=4
 fi
-python3 - "$out/issue7.results" <<'PY' | tee -a "$out/summary.log"
+python3 - "$out/planner.results" <<'PY' | tee -a "$out/summary.log"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 print(f"| {'run':16} | {'exit':>4} | {'predicted s':>11} | {'measured s':>10} | {'error':>7} |")

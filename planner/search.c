@@ -1,7 +1,7 @@
-/* Plan search (see plan.h): candidates over chunk size, buffer depth, update mode, optimizer
+/* Plan search (see search.h): candidates over chunk size, buffer depth, update mode, optimizer
  * processes and gradient slots, each with as many layers keeping their activations as the memory
  * budget allows, priced by the step-time model; the fastest that fits wins. */
-#include "plan.h"
+#include "search.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -72,11 +72,11 @@ static void cand_layout_free(struct cand_layout *cl)
 
 /* Most layers that can keep their activations within the budget (-1: none fit even recomputing
  * every layer). The layers' order does not matter to the model: every layer costs the same. */
-static int max_kept(const struct search *S, struct model_case *mc, int forced_kept)
+static int max_kept(const struct search *S, struct cost_case *mc, int forced_kept)
 {
     int L = S->cfg->num_layers;
     struct gpu_mem_pred g;
-    model_gpu_memory(mc, 0, &g);
+    cost_gpu_memory(mc, 0, &g);
     int64_t base = g.total - g.kept_acts, per = g.acts_per_layer;
     int64_t limit = S->budget;
     if (forced_kept >= 0)
@@ -107,11 +107,11 @@ static bool price(struct search *S, struct plan *p, struct cand_layout *cl, bool
     const struct model_config *cfg = S->cfg;
     int L = cfg->num_layers;
     plan_assign_owners(&cl->lay, p->optim_procs, cl->owner);
-    struct model_case mc = {.job = S->job, .cfg = cfg, .lay = &cl->lay, .plan = p, .owner = cl->owner,
+    struct cost_case mc = {.job = S->job, .cfg = cfg, .lay = &cl->lay, .plan = p, .owner = cl->owner,
                             .cal = S->cal, .host_cpus = S->host_cpus, .offload = offload};
     int fk = forced_kept(S->job, L);
     struct gpu_mem_pred least;
-    model_gpu_memory(&mc, fk >= 0 ? fk : 0, &least);
+    cost_gpu_memory(&mc, fk >= 0 ? fk : 0, &least);
     if (least.total < S->min_need) {
         S->min_need = least.total;
         S->min_plan = *p;
@@ -123,11 +123,11 @@ static bool price(struct search *S, struct plan *p, struct cand_layout *cl, bool
     for (int l = 0; l < L; l++)
         p->keep_acts[l] = l < kept;
     out->kept = kept;
-    model_gpu_memory(&mc, kept, &out->gpu);
-    model_host_memory(&mc, out->gpu.total, &out->host);
+    cost_gpu_memory(&mc, kept, &out->gpu);
+    cost_host_memory(&mc, out->gpu.total, &out->host);
     if (S->enforce_host && S->host_avail > 0 && out->host.total > S->host_avail)
         return false;
-    model_step(&mc, &out->pred);
+    cost_step(&mc, &out->pred);
     S->evaluated++;
     return true;
 }
@@ -519,9 +519,9 @@ static void explain_failure(struct search *S, const struct plan *tmpl, struct pl
     struct plan p = S->min_plan;
     if (cand_layout_build(S->cfg, p.layers_per_chunk, &cl) == 0) {
         plan_assign_owners(&cl.lay, p.optim_procs, cl.owner);
-        struct model_case mc = {.job = S->job, .cfg = S->cfg, .lay = &cl.lay, .plan = &p, .owner = cl.owner,
+        struct cost_case mc = {.job = S->job, .cfg = S->cfg, .lay = &cl.lay, .plan = &p, .owner = cl.owner,
                                 .cal = S->cal, .host_cpus = S->host_cpus};
-        model_host_memory(&mc, S->min_need, &info->host);
+        cost_host_memory(&mc, S->min_need, &info->host);
         info->host_fits = S->host_avail <= 0 || info->host.total <= S->host_avail;
         cand_layout_free(&cl);
     }

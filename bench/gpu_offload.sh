@@ -1,15 +1,16 @@
 #!/bin/bash
-# Issue 5 on a GPU host, from the repo root: the Qwen3-1.7B shape (random init, seq 4096) trained by
-# slidedp at 8k tokens per step and at 64k (2 x 8 and 8 x 2 sequences), side by side with the
-# PyTorch FSDP2 peer (CPUOffloadPolicy at 8k, GPU-resident at 64k), and the bounds measured in the
-# same run (optimizer alone, PCIe alone, GPU compute alone); the Qwen3-4B shape in 24 GiB; the
-# parity fixtures on CUDA against the CPU reference. Prints one table; logs in $OUT.
-# Needs .gpudeps/ as gpu_issue4.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
+# Host offload against its peer on a GPU host, from the repo root: the Qwen3-1.7B shape (random
+# init, seq 4096) trained by slidedp at 8k tokens per step and at 64k (2 x 8 and 8 x 2 sequences),
+# side by side with the PyTorch FSDP2 peer (CPUOffloadPolicy at 8k, GPU-resident at 64k), and the
+# bounds measured in the same run (optimizer alone, PCIe alone, GPU compute alone); the Qwen3-4B
+# shape in 24 GiB; the parity fixtures on CUDA against the CPU reference. Prints one table; logs in
+# $OUT; results in docs/performance.md §2. Needs .gpudeps/ as bench/gpu_build.sh's header says,
+# plus .gpudeps/torch_peer.py (a copy of the peer).
 # ONLY="name ..." runs just those runs (names below, plus e2e, e2e_bf16 and dram: the optimizer
 # benchmark beside the step's DMA traffic); NO_BOUNDS=1 skips the bounds; DEADLINE caps the call's seconds.
 . bench/gpu_build.sh
 peer=$deps/torch_peer.py
-w=/tmp/issue5
+w=/tmp/offload
 rm -rf "$w" && mkdir -p "$w"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
@@ -17,32 +18,9 @@ shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 
 random_tokens "$w/train.bin" 2000000
-cat > "$w/job.ini" <<EOF
-[model]
-path = $root/examples/qwen3-1.7b
-init = random
-[data]
-train = $w/train.bin
-seq_len = 4096
-[train]
-micro_batch = 2
-grad_accum = 1
-steps = 6
-lr = 1e-5
-weight_decay = 0.1
-grad_clip = 1.0
-[checkpoint]
-dir = $w/ckpt
-save_final = false
-[runtime]
-device = cuda
-chunk_buffers = 30
-optim_procs = 4
-optim_threads = 4
-[log]
-dir = $w/log
-every = 1
-EOF
+# the shared job with every weight resident (30 buffers) and 4 optimizers x 4 threads; runs override these
+bench_job "$w"
+job_args+=(runtime.chunk_buffers=30 runtime.optim_procs=4 runtime.optim_threads=4)
 
 # median step time of the steps after the first two, from metrics.jsonl
 median() { python3 -c "import json,sys,statistics as st; x=[json.loads(l)['step_s'] for l in open(sys.argv[1])][2:]; print(f'{st.median(x):.4f}' if x else 'nan')" "$1"; }
@@ -56,13 +34,13 @@ ours() { # name, seconds, overrides...
     local name=$1 limit=$(left $2); shift 2
     [ "$limit" -lt 20 ] && { log "$name: skipped (no time left)"; return; }
     rm -rf "$w/log" "$w/ckpt"
-    timeout "$limit" "$build/slidedp-launch" "$w/job.ini" "$@" > "$out/$name.log" 2>&1
+    timeout "$limit" "$build/slidedp-launch" "${job_args[@]}" "$@" > "$out/$name.log" 2>&1
     local rc=$?
     cp "$w/log/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
     local t=$(median "$w/log/metrics.jsonl" 2>/dev/null)
     echo "RESULT $name ${t:-nan}" >> "$out/results.log"
     log "$name: exit $rc, median step ${t:-nan} s"
-    "$build/slidedp-launch" --clean "$w/job.ini" "$@" > /dev/null 2>&1
+    "$build/slidedp-launch" --clean "${job_args[@]}" "$@" > /dev/null 2>&1
 }
 peer() { # name, seconds, args...
     wanted "$1" || return 0

@@ -1,8 +1,8 @@
 /* The planner: chooses a job's execution plan (common/plan.h) from job.ini, the model, the host's
- * GPU topology (common/topology.h) with the step-time model (planner/model.h) and the host's
+ * GPU topology (common/topology.h) with the step-time model (planner/cost.h) and the host's
  * calibration (planner/calib.h), and assigns chunks to optimizer processes. */
-#ifndef SD_PLANNER_H
-#define SD_PLANNER_H
+#ifndef SD_PLANNER_SEARCH_H
+#define SD_PLANNER_SEARCH_H
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "common/plan.h"
 #include "common/topology.h"
 #include "planner/calib.h"
-#include "planner/model.h"
+#include "planner/cost.h"
 
 /* A policy the workers do not implement yet (offloaded layer inputs), priced on the chosen plan. */
 struct plan_whatif {

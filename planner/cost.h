@@ -4,8 +4,8 @@
  * the plan needs. It mirrors worker/model.c (ops, allocations, gradient buffers), worker/pipeline.c
  * (chunk cache, gradient slots, the poster thread) and optimizer/optim.c (reduce, norm, update).
  * Used by the plan search. */
-#ifndef SD_PLANNER_MODEL_H
-#define SD_PLANNER_MODEL_H
+#ifndef SD_PLANNER_COST_H
+#define SD_PLANNER_COST_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,7 +18,7 @@
 
 /* One candidate: the job, the model, the layout built for plan->layers_per_chunk, the plan and
  * the optimizer process owning each chunk (plan_assign_owners). */
-struct model_case {
+struct cost_case {
     const struct job_config *job;
     const struct model_config *cfg;
     const struct layout *lay;
@@ -78,18 +78,18 @@ struct host_mem_pred {
 };
 
 /* Forward FLOPs of one decoder layer for N = B*T tokens (GEMMs and causal attention). */
-double model_layer_flops(const struct model_config *cfg, int B, int T);
+double cost_layer_flops(const struct model_config *cfg, int B, int T);
 /* Forward FLOPs of the LM head for N tokens. */
-double model_head_flops(const struct model_config *cfg, int64_t N);
+double cost_head_flops(const struct model_config *cfg, int64_t N);
 
 /* Bytes of one kept layer's activations (worker/model.c acts_alloc). */
-int64_t model_layer_act_bytes(const struct model_config *cfg, int64_t N, int act_size, int align);
+int64_t cost_layer_act_bytes(const struct model_config *cfg, int64_t N, int act_size, int align);
 
 /* Device memory for the case with `kept` layers keeping their activations. */
-void model_gpu_memory(const struct model_case *mc, int kept, struct gpu_mem_pred *out);
-void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct host_mem_pred *out);
+void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *out);
+void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out);
 
 /* Step time of the case (plan->keep_acts decides the recomputed layers). */
-void model_step(const struct model_case *mc, struct step_pred *out);
+void cost_step(const struct cost_case *mc, struct step_pred *out);
 
 #endif
