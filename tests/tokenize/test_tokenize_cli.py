@@ -124,6 +124,12 @@ def check_pack_val_maxlen(c, qwen):
     got = tokutil.documents(*c.shard())
     c.check([d[0] for d in got] == [d[0][:20] for d in docs], "--max-len 20 --overflow truncate keeps the first 20")
 
+    many = [{"text": f"line {i}: " + "ab " * (i % 17)} for i in range(700)]   # several 256-line batches
+    c.tokenize(qwen, many, "--threads", "1")
+    one = c.shard()
+    c.tokenize(qwen, many, "--threads", "2")
+    c.check(c.shard() == one and len(tokutil.documents(*one)) == 700, "--threads 2 writes what --threads 1 writes")
+
     c.tokenize(qwen, rows, "--format", "text", "--val", "3", "--val-out", c.path("val.bin"))
     train, val = tokutil.documents(*c.shard()), tokutil.documents(*c.shard("val.bin"))
     c.check(train == docs[:7] and val == docs[7:], "--val 3: the last 3 examples go to --val-out, in order")
