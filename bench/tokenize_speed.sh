@@ -28,7 +28,10 @@ for fam in qwen3 llama3_1; do
   echo '{"vocab_size": 151936}' > "$model/config.json"
   for threads in 1 "$CORES"; do
     echo "== $fam, $threads thread(s)"
-    "$BUILD/slidedp-data" tokenize --model "$model" --in "$WORK/corpus.jsonl" --out "$WORK/out.bin" \
+    # CPU seconds of the whole run (loading, reading, writing included), beside the encode-phase
+    # tokens/s that slidedp-data prints
+    /usr/bin/time -f "slidedp-data: %U s user + %S s system CPU, %e s wall (whole run)" \
+      "$BUILD/slidedp-data" tokenize --model "$model" --in "$WORK/corpus.jsonl" --out "$WORK/out.bin" \
       --format text --threads "$threads"
     RAYON_NUM_THREADS=$threads node bench/tokenize_rust.mjs "$MODULES" "$model/tokenizer.json" "$WORK/corpus.json"
   done
