@@ -81,7 +81,7 @@ int chat_template_named(const char *name, struct chat_template *out)
             memset(out, 0, sizeof *out);
             out->family = (enum chat_family)f;
             out->bos_token = LLAMA_BOS;
-            set_date(out, f == CHAT_LLAMA31);
+            set_date(out, false); /* Llama 3.1's own template: its fixed default date */
             return 0;
         }
     return sd_err("--template %s: unknown (accepted: auto, %s)", name, CHAT_FAMILY_LIST);
