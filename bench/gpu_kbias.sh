@@ -4,7 +4,7 @@
 # by PyTorch in fp32 (the reference), from the same weights, data and AdamW: per tensor, the cosine
 # of each update (final - initial) with the reference's (bench/kbias.py). Two models: the qwen2
 # parity fixture (4 steps; its float64 reference too) and a bigger one (hidden 512, seq 512, 6 steps).
-# Tables in $OUT/kbias_*.log and the summary. Needs .gpudeps/ as gpu_issue4.sh's header says, and
+# Tables in $OUT/kbias_*.log and the summary. Needs .gpudeps/ as gpu_build.sh's header says, and
 # PyTorch with transformers on the host. With NO_BUILD=1 it expects bench/gpu_build.sh sourced.
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/kbias

@@ -1,6 +1,7 @@
 /* slidedp-data: writes the deterministic synthetic SFT dataset (copy | reverse | sort) that the
  * embedded demo job trains a tiny model on. Each document is exactly seq_len tokens:
- * BOS, n symbols, SEP, the answer (n symbols), EOS, PAD...; the loss covers the answer and EOS. */
+ * BOS, n symbols, SEP, the answer (n symbols), EOS, PAD...; the loss covers the answer and EOS.
+ * `slidedp-data tokenize` (tools/tokenize_cmd.c) tokenizes a user's own JSONL dataset. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,6 +13,7 @@
 #include "common/data.h"
 #include "common/err.h"
 #include "common/rng.h"
+#include "tools/tokenize_cmd.h"
 
 enum { TOK_PAD = 0, TOK_BOS = 1, TOK_SEP = 2, TOK_EOS = 3, TOK_FIRST_SYMBOL = 4 };
 
@@ -24,7 +26,9 @@ static const char *const task_names[] = {"copy", "reverse", "sort"};
 static void usage(FILE *f)
 {
     fprintf(f, "usage: slidedp-data copy|reverse|sort --out DIR [--seq-len 64] [--train 4096] "
-               "[--val 256] [--seed 1234] [--vocab 32]\n");
+               "[--val 256] [--seed 1234] [--vocab 32]\n"
+               "       slidedp-data tokenize --model DIR --in FILE.jsonl --out FILE.bin [options] "
+               "(slidedp-data tokenize --help)\n");
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -127,12 +131,14 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!strcmp(argv[1], "tokenize"))
+        return tokenize_main(argc - 2, argv + 2);
     int task = -1;
     for (int t = 0; t < 3; t++)
         if (!strcmp(argv[1], task_names[t]))
             task = t;
     if (task < 0) {
-        fprintf(stderr, "slidedp-data: unknown task '%s' (accepted: copy, reverse, sort)\n", argv[1]);
+        fprintf(stderr, "slidedp-data: unknown task '%s' (accepted: copy, reverse, sort, tokenize)\n", argv[1]);
         return 2;
     }
 

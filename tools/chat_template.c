@@ -1,0 +1,356 @@
+/* Hand-written renderers of the known chat templates (see chat_template.h). Each follows its
+ * Jinja source statement by statement for conversations without tools; Jinja's `trim` and
+ * Python's str.strip family are reproduced with Python's notion of whitespace. */
+#include "chat_template.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+
+const char *const chat_family_names[CHAT_FAMILIES] = {"qwen2.5", "qwen3", "llama3", "llama3.1"};
+
+static const char QWEN25_DEFAULT_SYSTEM[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+static const char LLAMA_BOS[] = "<|begin_of_text|>";
+/* The date the Llama 3.1 template uses when the caller gives none and has no strftime_now. */
+static const char LLAMA31_DEFAULT_DATE[] = "26 Jul 2024";
+
+/* FNV-1a 64 of the exact template text, as released in each tokenizer_config.json. */
+struct fingerprint {
+    uint64_t hash;
+    size_t len;
+    enum chat_family family;
+    int always_generation_header;
+    int uses_strftime;  /* the template dates itself with strftime_now (transformers passes today) */
+    const char *release;
+};
+
+static const struct fingerprint known[] = {
+    {0xc2b27ee60f1b8775ull, 2507, CHAT_QWEN25, 0, 0, "Qwen2.5 Instruct"},
+    {0x2bfdb7aa9754484eull, 4116, CHAT_QWEN3, 0, 0, "Qwen3"},
+    {0x74891e390e614ae2ull, 348, CHAT_LLAMA3, 1, 0, "Llama 3 (first release)"},
+    {0x0e60067a5537498eull, 389, CHAT_LLAMA3, 0, 0, "Llama 3 Instruct"},
+    {0x0ac29b9538e2befaull, 3827, CHAT_LLAMA31, 0, 1, "Llama 3.1/3.2 Instruct (strftime_now date)"},
+};
+
+static uint64_t fnv1a64(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void set_date(struct chat_template *t, bool today)
+{
+    if (!today) {
+        snprintf(t->date, sizeof t->date, "%s", LLAMA31_DEFAULT_DATE);
+        return;
+    }
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(t->date, sizeof t->date, "%d %b %Y", &tm);
+}
+
+int chat_template_detect(const char *text, struct chat_template *out)
+{
+    size_t n = strlen(text);
+    uint64_t h = fnv1a64(text, n);
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (known[i].hash == h && known[i].len == n) {
+            memset(out, 0, sizeof *out);
+            out->family = known[i].family;
+            out->always_generation_header = known[i].always_generation_header;
+            out->bos_token = LLAMA_BOS;
+            set_date(out, known[i].uses_strftime);
+            return 0;
+        }
+    return sd_err("chat_template is not one of the known templates (%s); name the family with --template",
+                  CHAT_FAMILY_LIST);
+}
+
+int chat_template_named(const char *name, struct chat_template *out)
+{
+    for (int f = 0; f < CHAT_FAMILIES; f++)
+        if (!strcmp(name, chat_family_names[f])) {
+            memset(out, 0, sizeof *out);
+            out->family = (enum chat_family)f;
+            out->bos_token = LLAMA_BOS;
+            set_date(out, false); /* Llama 3.1's own template: its fixed default date */
+            return 0;
+        }
+    return sd_err("--template %s: unknown (accepted: auto, %s)", name, CHAT_FAMILY_LIST);
+}
+
+/* ---- output buffer ------------------------------------------------------------------------ */
+
+static int put_n(struct chat_render *r, const char *s, size_t n)
+{
+    if (r->len + n + 1 > r->cap) {
+        size_t cap = r->cap ? r->cap : 1024;
+        while (cap < r->len + n + 1)
+            cap *= 2;
+        char *t = realloc(r->text, cap);
+        if (!t)
+            return sd_err("out of memory rendering a conversation");
+        r->text = t;
+        r->cap = cap;
+    }
+    memcpy(r->text + r->len, s, n);
+    r->len += n;
+    r->text[r->len] = 0;
+    return 0;
+}
+
+static int put(struct chat_render *r, const char *s)
+{
+    return put_n(r, s, strlen(s));
+}
+
+static int span(struct chat_render *r, size_t start)
+{
+    if (r->nspans == r->spans_cap) {
+        int cap = r->spans_cap ? r->spans_cap * 2 : 16;
+        void *s = realloc(r->spans, (size_t)cap * sizeof *r->spans);
+        if (!s)
+            return sd_err("out of memory rendering a conversation");
+        r->spans = s;
+        r->spans_cap = cap;
+    }
+    r->spans[r->nspans][0] = start;
+    r->spans[r->nspans][1] = r->len;
+    r->nspans++;
+    return 0;
+}
+
+void chat_render_reset(struct chat_render *r)
+{
+    r->len = 0;
+    r->nspans = 0;
+    if (r->text)
+        r->text[0] = 0;
+}
+
+void chat_render_free(struct chat_render *r)
+{
+    free(r->text);
+    free(r->spans);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- Python string helpers ---------------------------------------------------------------- */
+
+/* The length of the UTF-8 whitespace character (Python's str.isspace) at s[0..n), or 0. */
+static size_t space_at(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    if (n >= 1 && ((u[0] >= 0x09 && u[0] <= 0x0d) || (u[0] >= 0x1c && u[0] <= 0x20)))
+        return 1;
+    if (n >= 2 && u[0] == 0xc2 && (u[1] == 0x85 || u[1] == 0xa0))
+        return 2;
+    if (n >= 3 && u[0] == 0xe1 && u[1] == 0x9a && u[2] == 0x80) /* U+1680 */
+        return 3;
+    if (n >= 3 && u[0] == 0xe2 && u[1] == 0x80 &&
+        (u[2] <= 0x8a || u[2] == 0xa8 || u[2] == 0xa9 || u[2] == 0xaf)) /* U+2000-200A, 2028, 2029, 202F */
+        return 3;
+    if (n >= 3 && u[0] == 0xe2 && u[1] == 0x81 && u[2] == 0x9f) /* U+205F */
+        return 3;
+    if (n >= 3 && u[0] == 0xe3 && u[1] == 0x80 && u[2] == 0x80) /* U+3000 */
+        return 3;
+    return 0;
+}
+
+/* Jinja's trim (Python str.strip()): the [*start, *end) of s without surrounding whitespace. */
+static void py_strip(const char *s, size_t *start, size_t *end)
+{
+    size_t a = 0, b = strlen(s), k;
+    while (a < b && (k = space_at(s + a, b - a)) > 0)
+        a += k;
+    /* from the end: step back over UTF-8 continuation bytes to each character's start */
+    while (b > a) {
+        size_t c = b - 1;
+        while (c > a && ((unsigned char)s[c] & 0xc0) == 0x80)
+            c--;
+        if (space_at(s + c, b - c) != b - c)
+            break;
+        b = c;
+    }
+    *start = a;
+    *end = b;
+}
+
+static int put_trimmed(struct chat_render *r, const char *s)
+{
+    size_t a, b;
+    py_strip(s, &a, &b);
+    return put_n(r, s + a, b - a);
+}
+
+/* [a, b) of s[a0..b0) without leading / trailing '\n' (Python .lstrip('\n') / .rstrip('\n')). */
+static void strip_newlines(const char *s, size_t *a, size_t *b, bool left, bool right)
+{
+    while (left && *a < *b && s[*a] == '\n')
+        (*a)++;
+    while (right && *b > *a && s[*b - 1] == '\n')
+        (*b)--;
+}
+
+static const char *find_last(const char *s, const char *needle)
+{
+    const char *last = NULL;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
+        last = p;
+    return last;
+}
+
+static bool has_prefix(const char *s, const char *p)
+{
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+static bool has_suffix(const char *s, const char *p)
+{
+    size_t n = strlen(s), m = strlen(p);
+    return n >= m && memcmp(s + n - m, p, m) == 0;
+}
+
+static int check_roles(const struct chat_message *msgs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "user") && strcmp(msgs[i].role, "assistant"))
+            return sd_err("message %d: role '%s' is not supported (accepted: system, user, assistant)", i,
+                          msgs[i].role);
+    return 0;
+}
+
+/* ---- Qwen --------------------------------------------------------------------------------- */
+
+static int render_qwen25(const struct chat_message *m, int n, struct chat_render *r)
+{
+    int rc = 0;
+    if (n > 0 && !strcmp(m[0].role, "system"))
+        rc |= put(r, "<|im_start|>system\n") | put(r, m[0].content) | put(r, "<|im_end|>\n");
+    else
+        rc |= put(r, "<|im_start|>system\n") | put(r, QWEN25_DEFAULT_SYSTEM) | put(r, "<|im_end|>\n");
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (!strcmp(m[i].role, "system") && i == 0)
+            continue;
+        rc |= put(r, "<|im_start|>") | put(r, m[i].role) | put(r, "\n");
+        size_t start = r->len;
+        rc |= put(r, m[i].content) | put(r, "<|im_end|>");
+        if (!strcmp(m[i].role, "assistant"))
+            rc |= span(r, start);
+        rc |= put(r, "\n");
+    }
+    return rc ? -1 : 0;
+}
+
+/* Qwen3: reasoning kept only on assistant turns after the last real user query; the last turn
+ * always gets a think block. */
+static int render_qwen3(const struct chat_message *m, int n, struct chat_render *r)
+{
+    int rc = 0;
+    if (n > 0 && !strcmp(m[0].role, "system"))
+        rc |= put(r, "<|im_start|>system\n") | put(r, m[0].content) | put(r, "<|im_end|>\n");
+    int last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (!strcmp(m[i].role, "user") &&
+            !(has_prefix(m[i].content, "<tool_response>") && has_suffix(m[i].content, "</tool_response>"))) {
+            last_query = i;
+            break;
+        }
+    for (int i = 0; i < n && rc == 0; i++) {
+        const char *c = m[i].content;
+        if (!strcmp(m[i].role, "user") || (!strcmp(m[i].role, "system") && i > 0)) {
+            rc |= put(r, "<|im_start|>") | put(r, m[i].role) | put(r, "\n") | put(r, c) | put(r, "<|im_end|>\n");
+            continue;
+        }
+        if (strcmp(m[i].role, "assistant") != 0)
+            continue;
+        /* content and reasoning as [start, end) ranges of their source strings */
+        const char *content = c, *reasoning = "";
+        size_t ca = 0, cb = strlen(c), ra = 0, rb = 0;
+        if (m[i].reasoning) {
+            reasoning = m[i].reasoning;
+            rb = strlen(reasoning);
+        } else if (strstr(c, "</think>")) {
+            ca = (size_t)(find_last(c, "</think>") - c) + strlen("</think>");
+            strip_newlines(c, &ca, &cb, true, false);
+            reasoning = c;
+            rb = (size_t)(strstr(c, "</think>") - c);
+            strip_newlines(c, &ra, &rb, false, true);
+            const char *open = NULL;
+            for (const char *p = strstr(c, "<think>"); p && (size_t)(p - c) < rb; p = strstr(p + 1, "<think>"))
+                if ((size_t)(p - c) + strlen("<think>") <= rb)
+                    open = p;
+            if (open)
+                ra = (size_t)(open - c) + strlen("<think>");
+            strip_newlines(c, &ra, &rb, true, false);
+        }
+        rc |= put(r, "<|im_start|>assistant\n");
+        size_t start = r->len;
+        if (i > last_query && (i == n - 1 || rb > ra)) {
+            strip_newlines(reasoning, &ra, &rb, true, true);
+            strip_newlines(content, &ca, &cb, true, false);
+            rc |= put(r, "<think>\n") | put_n(r, reasoning + ra, rb - ra) | put(r, "\n</think>\n\n");
+        }
+        rc |= put_n(r, content + ca, cb - ca) | put(r, "<|im_end|>") | span(r, start) | put(r, "\n");
+    }
+    return rc ? -1 : 0;
+}
+
+/* ---- Llama -------------------------------------------------------------------------------- */
+
+static int llama_turn(struct chat_render *r, const struct chat_message *m)
+{
+    int rc = put(r, "<|start_header_id|>") | put(r, m->role) | put(r, "<|end_header_id|>\n\n");
+    size_t start = r->len;
+    rc |= put_trimmed(r, m->content) | put(r, "<|eot_id|>");
+    if (!strcmp(m->role, "assistant"))
+        rc |= span(r, start);
+    return rc ? -1 : 0;
+}
+
+static int render_llama3(const struct chat_template *t, const struct chat_message *m, int n, struct chat_render *r)
+{
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc |= (i == 0 ? put(r, t->bos_token) : 0) | llama_turn(r, &m[i]);
+    if (t->always_generation_header)
+        rc |= put(r, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    return rc ? -1 : 0;
+}
+
+static int render_llama31(const struct chat_template *t, const struct chat_message *m, int n, struct chat_render *r)
+{
+    int rc = put(r, t->bos_token) | put(r, "<|start_header_id|>system<|end_header_id|>\n\n") |
+             put(r, "Cutting Knowledge Date: December 2023\n") | put(r, "Today Date: ") | put(r, t->date) |
+             put(r, "\n\n");
+    int first = 0;
+    if (n > 0 && !strcmp(m[0].role, "system")) {
+        rc |= put_trimmed(r, m[0].content);
+        first = 1;
+    }
+    rc |= put(r, "<|eot_id|>");
+    for (int i = first; i < n && rc == 0; i++)
+        rc |= llama_turn(r, &m[i]);
+    return rc ? -1 : 0;
+}
+
+int chat_render(const struct chat_template *t, const struct chat_message *msgs, int n, struct chat_render *out)
+{
+    if (check_roles(msgs, n) != 0)
+        return -1;
+    switch (t->family) {
+    case CHAT_QWEN25: return render_qwen25(msgs, n, out);
+    case CHAT_QWEN3: return render_qwen3(msgs, n, out);
+    case CHAT_LLAMA3: return render_llama3(t, msgs, n, out);
+    case CHAT_LLAMA31: return render_llama31(t, msgs, n, out);
+    default: return sd_err("unknown chat family %d", (int)t->family);
+    }
+}

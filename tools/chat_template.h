@@ -1,0 +1,50 @@
+/* Chat templates of the Qwen2.5, Qwen3 and Llama 3.x families, rendered exactly as transformers'
+ * apply_chat_template(messages, tokenize=False) renders the templates those models ship, by
+ * hand-written renderers (no Jinja engine); the template text in tokenizer_config.json is
+ * recognised by exact fingerprints. Each render also records the byte spans a model is trained
+ * on: every assistant turn's content through its end-of-turn token. Used by `slidedp-data
+ * tokenize`. */
+#ifndef SD_CHAT_TEMPLATE_H
+#define SD_CHAT_TEMPLATE_H
+
+#include <stddef.h>
+
+enum chat_family { CHAT_QWEN25, CHAT_QWEN3, CHAT_LLAMA3, CHAT_LLAMA31, CHAT_FAMILIES };
+
+struct chat_template {
+    enum chat_family family;
+    int always_generation_header; /* the first Llama 3 release appends the assistant header always */
+    const char *bos_token;        /* Llama: the text of the BOS token */
+    char date[32];                /* Llama 3.1: "Today Date" */
+};
+
+struct chat_message {
+    const char *role;             /* system, user or assistant */
+    const char *content;
+    const char *reasoning;        /* Qwen3 reasoning_content, or NULL */
+};
+
+struct chat_render {
+    char *text;
+    size_t len, cap;
+    size_t (*spans)[2];           /* [start, end) byte ranges of the trained-on text */
+    int nspans, spans_cap;
+};
+
+/* Names accepted by --template, in enum order, and the list for messages. */
+extern const char *const chat_family_names[CHAT_FAMILIES];
+#define CHAT_FAMILY_LIST "qwen2.5, qwen3, llama3, llama3.1"
+
+/* Recognises a tokenizer_config.json chat_template; -1 (with a message listing the known
+ * families) when it is none of the known templates. */
+int chat_template_detect(const char *template_text, struct chat_template *out);
+/* The family named on the command line (the variant of its current release), or -1. */
+int chat_template_named(const char *name, struct chat_template *out);
+
+/* Renders the conversation (appending to out, which starts empty). Fails on roles the family
+ * does not accept. */
+int chat_render(const struct chat_template *tpl, const struct chat_message *msgs, int n, struct chat_render *out);
+void chat_render_reset(struct chat_render *r);
+void chat_render_free(struct chat_render *r);
+
+#endif
