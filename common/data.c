@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "rng.h"
 
 #define HEADER_BYTES ((int64_t)DATA_HEADER_INTS * 4)
 
@@ -173,14 +174,6 @@ void data_close(struct data_set *d)
 }
 
 /* ---- order ------------------------------------------------------------------------------ */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static uint64_t rotl(uint64_t x, int k)
 {

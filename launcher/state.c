@@ -16,18 +16,11 @@
 #include "common/err.h"
 #include "common/fsutil.h"
 #include "common/hf.h"
+#include "common/rng.h"
 #include "planner/plan.h"
 #include "shm/futex.h"
 
 #define INIT_BLOCK ((int64_t)1 << 20) /* elements per independently seeded block of random init */
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static uint64_t hash_str(const char *s)
 {

@@ -11,6 +11,7 @@
 
 #include "common/data.h"
 #include "common/err.h"
+#include "common/rng.h"
 
 enum { TOK_PAD = 0, TOK_BOS = 1, TOK_SEP = 2, TOK_EOS = 3, TOK_FIRST_SYMBOL = 4 };
 
@@ -24,14 +25,6 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: slidedp-data copy|reverse|sort --out DIR [--seq-len 64] [--train 4096] "
                "[--val 256] [--seed 1234] [--vocab 32]\n");
-}
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 
 static int cmp_u32(const void *a, const void *b)
