@@ -54,7 +54,7 @@ static void *run(void *arg)
             bf16_to_f32_n(g, j->g16 + i, n);
         }
         adamw_update_to(j->isa, &st, j->p + i, j->m + i, j->v + i, g, sp, sm, sv, s16, n);
-        adamw_store_staged(j->p + i, j->m + i, j->v + i, j->p16 + i, sp, sm, sv, s16, n);
+        adamw_store_staged(j->p + i, j->m + i, j->v + i, j->p16 + i, sp, sm, sv, s16, n, sizeof(float));
     }
     free(stage);
     return NULL;
