@@ -83,6 +83,16 @@ int tu_metrics_values(const char *path, const char *key, double *out, int max)
     return n;
 }
 
+char *tu_read_job_file(const char *dir, const char *name, const char *rel, size_t *len)
+{
+    char p[2200];
+    snprintf(p, sizeof p, "%s/%s/%s", dir, name, rel);
+    char *data = tu_read_file(p, len);
+    if (!data)
+        fail_msg("%s: no %s", name, rel);
+    return data;
+}
+
 bool tu_exists(const char *path)
 {
     struct stat st;
