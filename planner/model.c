@@ -267,7 +267,8 @@ void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct ho
     /* updating during the backward keeps the previous version of each chunk for a worker that
      * redoes the step after a crash */
     out->params16 = lay->total_numel * 2 * (p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1);
-    out->master = lay->total_numel * 12;
+    /* fp32 master, m and v (fp32, or bf16 with [train] optimizer_state = bf16) */
+    out->master = lay->total_numel * (4 + 2 * (int64_t)ctl_state_size(mc->job->optimizer_state));
     /* the accumulator (fp32, or bf16 when gradients cross in bf16), and the slots unless gradients
      * go straight into it */
     out->grads = lay->total_numel * (plan_grads_bf16(p, mc->job) ? 2 : 4);
@@ -276,7 +277,9 @@ void model_host_memory(const struct model_case *mc, int64_t gpu_bytes, struct ho
     out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
                (int64_t)lay->num_chunks * ((int64_t)sizeof(struct chunk_desc) + 256) +
                (int64_t)G * p->optim_procs * (int64_t)sizeof(struct ring) +
-               (int64_t)p->optim_procs * p->optim_threads * 112 * 1024 + ((int64_t)1 << 20);
+               (int64_t)p->optim_procs * p->optim_threads *
+                   (int64_t)ctl_staging_lane_bytes(ctl_state_size(mc->job->optimizer_state)) +
+               ((int64_t)1 << 20);
     out->workers = mc->job->device == DEVICE_CPU ? G * gpu_bytes : 0;
     out->total = out->params16 + out->master + out->grads + out->ctl + out->workers;
 }
@@ -568,6 +571,7 @@ static double finish_step(struct sim *s)
 #define SUMSQ_BYTES 4.0 /* the direct route's reduction only squares the accumulator */
 #define UPDATE_BYTES 30.0
 #define BF16_GRAD_SAVING 2.0 /* bytes per parameter less to read with a bf16 accumulator */
+#define BF16_STATE_SAVING 8.0 /* with bf16 m and v: 2 bytes less of each to read and to write */
 
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
 struct rates {
@@ -615,10 +619,13 @@ void model_step(const struct model_case *mc, struct step_pred *out)
     /* gradients sent to the host per step: every micro-step's, or once when the micro-steps are
      * summed on the device (on-device accumulation, or the GPU-side route's shard accumulators) */
     int sends = p->accumulate_on_device || gpu_grads ? 1 : A;
-    /* gradients in bf16: half the copy, and the optimizer reads 2 bytes less of each */
+    /* gradients in bf16: half the copy, and the optimizer reads 2 bytes less of each; m and v in
+     * bf16: 8 bytes less. The update is priced as bound by host memory (the calibrated AdamW rate,
+     * fp32 state, scaled by the bytes it moves). */
     bool bf16_grads = plan_grads_bf16(p, job);
     double sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES;
-    double update_bytes = bf16_grads ? UPDATE_BYTES - BF16_GRAD_SAVING : UPDATE_BYTES;
+    double update_bytes = UPDATE_BYTES - (bf16_grads ? BF16_GRAD_SAVING : 0) -
+                          (job->optimizer_state == OPTIM_STATE_BF16 ? BF16_STATE_SAVING : 0);
 
     struct sim s = {
         .mc = mc,
