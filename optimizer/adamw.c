@@ -1,7 +1,13 @@
 /* Vectorised AdamW with fused bf16 output, gradient accumulation and sum of squares; scalar, AVX2
  * and AVX-512 paths chosen at run time. Every path performs the same fp32 operations in the same
  * order (no FMA: the build uses -ffp-contract=off here), so results are bit-identical across
- * ISAs and across how the work is split. */
+ * ISAs and across how the work is split.
+ *
+ * bf16 state (train.optimizer_state = bf16) rounds m and v stochastically, not to nearest: with
+ * beta2 = 0.999, v * beta2 moves v by less than half a bf16 ulp, so rounded to nearest v would never
+ * decay; stochastic rounding stores each value exactly on average. Its bits come from a counter
+ * (SplitMix64 draw of the element's index, keyed by seed, step and tensor), not from a generator's
+ * state, so a crashed optimizer's successor recomputes a block with the same bits. */
 #include "adamw.h"
 
 #include <immintrin.h>
