@@ -21,6 +21,11 @@ enum grad_dtype { GRAD_FP32 = 0, GRAD_BF16 = 1 };
 enum act_policy { ACT_AUTO = 0, ACT_KEEP = 1, ACT_RECOMPUTE = 2, ACT_OFFLOAD = 3 };
 /* The dtype of Adam's m and v on the host (the master weights stay fp32). */
 enum optimizer_state { OPTIM_STATE_FP32 = 0, OPTIM_STATE_BF16 = 1 };
+/* Its job.ini spelling. */
+static inline const char *optimizer_state_name(enum optimizer_state s)
+{
+    return s == OPTIM_STATE_BF16 ? "bf16" : "fp32";
+}
 
 struct job_config {
     char ini_path[JOB_PATH_MAX]; /* absolute path of job.ini; relative paths below are resolved against its folder */

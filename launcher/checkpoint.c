@@ -20,7 +20,6 @@
 #include "common/safetensors.h"
 
 static const char *const state_prefix[3] = {"master.", "exp_avg.", "exp_avg_sq."};
-static const char *const state_mode_name[2] = {[OPTIM_STATE_FP32] = "fp32", [OPTIM_STATE_BF16] = "bf16"};
 
 /* The three arrays of the optimizer state in the job's shared memory, with their dtype. */
 struct state_arrays {
@@ -38,7 +37,7 @@ static struct state_arrays state_arrays_of(const struct job_state *st)
         .dtype = {ST_F32, half ? ST_BF16 : ST_F32, half ? ST_BF16 : ST_F32},
     };
     for (int k = 0; k < 3; k++)
-        a.elem_size[k] = a.dtype[k] == ST_F32 ? 4 : 2;
+        a.elem_size[k] = st_dtype_size(a.dtype[k]);
     return a;
 }
 
@@ -131,7 +130,7 @@ int checkpoint_write(const struct job_state *st, uint32_t step)
                        "{\n  \"format\": 1,\n  \"step\": %u,\n  \"data_position\": %u,\n  \"seed\": %llu,\n"
                        "  \"num_params\": %lld,\n  \"optimizer_state\": \"%s\"\n}\n",
                        step, step, (unsigned long long)st->job.seed, (long long)st->lay.num_params,
-                       state_mode_name[st->job.optimizer_state]);
+                       optimizer_state_name(st->job.optimizer_state));
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
     if (fs_write_atomic(path, json, (size_t)len) != 0 || fs_fsync_dir(tmp) != 0)
         goto fail;
@@ -187,7 +186,7 @@ int checkpoint_latest(const struct job_config *job, uint32_t *step)
     snprintf(path, sizeof path, "%s/step-%u/trainer_state.json", job->ckpt_dir, *step);
     if (!checkpoint_mode(path, mode, sizeof mode))
         return sd_err("%s cannot be read as JSON", path);
-    const char *want = state_mode_name[job->optimizer_state];
+    const char *want = optimizer_state_name(job->optimizer_state);
     if (strcmp(mode, want) != 0)
         return sd_err("%s: written with [train] optimizer_state = %s, this job has %s; resuming under another "
                       "mode is refused (set [checkpoint] resume = never to start over)",

@@ -695,7 +695,7 @@ static void print_header(const struct sup *s)
     printf("slidedp: shared state %.1f MiB (%.2f bytes per parameter, %s optimizer state) in /dev/shm/slidedp.%s.*; "
            "logs in %s\n",
            (double)state_bytes / (1 << 20), (double)state_bytes / (double)st->lay.num_params,
-           job->optimizer_state == OPTIM_STATE_BF16 ? "bf16" : "fp32", st->job_name, job->log_dir);
+           optimizer_state_name(job->optimizer_state), st->job_name, job->log_dir);
     fflush(stdout);
 }
 

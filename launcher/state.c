@@ -336,8 +336,7 @@ static void map_views(struct job_state *st)
      * straight into it (in bf16 when they cross in bf16), else follows v in the master region */
     bool direct = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum);
     bool bf16 = plan_grads_bf16(&st->plan, &st->job);
-    job_shm_master_views(&st->shm, st->master_region.base, st->lay.total_numel, direct,
-                         st->job.optimizer_state == OPTIM_STATE_BF16);
+    job_shm_master_views(&st->shm, st->master_region.base, st->lay.total_numel, direct, st->job.optimizer_state);
     st->shm.grad_acc16 = bf16 ? (uint16_t *)st->shm.grads : NULL;
     if (direct)
         st->shm.grad_acc = bf16 ? NULL : st->shm.grads;
@@ -418,8 +417,7 @@ int state_create(struct job_state *st)
     int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
                                st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
                                keep_prev, plan_grads_direct(&st->plan, job->gpus, job->grad_accum),
-                               plan_grads_bf16(&st->plan, job), job->optimizer_state == OPTIM_STATE_BF16,
-                               window_shm, &sz);
+                               plan_grads_bf16(&st->plan, job), job->optimizer_state, window_shm, &sz);
     st->window_shm_bytes = window_shm;
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);

@@ -52,8 +52,6 @@ struct report {
     double tokens; /* per step, all ranks */
 };
 
-static const char *const state_mode_name[2] = {[OPTIM_STATE_FP32] = "fp32", [OPTIM_STATE_BF16] = "bf16"};
-
 static const char *param_route_name(int route)
 {
     return route == PARAMS_SHARDED ? "sharded" : "replicated";
@@ -156,16 +154,16 @@ static void print_text(const struct report *r)
         printf("  this host has %s available: %s\n", sz(in->host_available),
                in->host_fits ? "fits" : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
     printf("  %.2f bytes per parameter with [train] optimizer_state = %s", h->total / r->num_params,
-           state_mode_name[job->optimizer_state]);
+           optimizer_state_name(job->optimizer_state));
     int other = !job->optimizer_state;
-    printf("; %.2f with %s\n", in->state_modes[other].bytes_per_param, state_mode_name[other]);
+    printf("; %.2f with %s\n", in->state_modes[other].bytes_per_param, optimizer_state_name(other));
     if (in->host_available > 0) {
         printf("  largest model of this shape on this host (the job's layers, more or fewer; %d now):\n",
                r->cfg->num_layers);
         for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
             const struct plan_state_mode *m = &in->state_modes[st];
             bool large_b = m->largest_params >= 1e9;
-            printf("    %s state: %s%d layer%s, %.2f%s params, %s (%.2f bytes per parameter)\n", state_mode_name[st],
+            printf("    %s state: %s%d layer%s, %.2f%s params, %s (%.2f bytes per parameter)\n", optimizer_state_name(st),
                    m->largest_capped ? "at least " : "", m->largest_layers, m->largest_layers == 1 ? "" : "s",
                    (double)m->largest_params / (large_b ? 1e9 : 1e6), large_b ? "B" : "M",
                    sz((double)m->largest_host_bytes),
@@ -353,12 +351,12 @@ static void print_json(const struct report *r)
     cJSON_AddNumberToObject(h, "workers", (double)in->host.workers);
     cJSON_AddNumberToObject(h, "available", (double)in->host_available);
     cJSON_AddBoolToObject(h, "fits", in->host_fits);
-    cJSON_AddStringToObject(h, "optimizer_state", state_mode_name[r->job->optimizer_state]);
+    cJSON_AddStringToObject(h, "optimizer_state", optimizer_state_name(r->job->optimizer_state));
     cJSON_AddNumberToObject(h, "bytes_per_param", (double)in->host.total / r->num_params);
     cJSON *modes = cJSON_AddObjectToObject(h, "modes");
     for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
         const struct plan_state_mode *m = &in->state_modes[st];
-        cJSON *mj = cJSON_AddObjectToObject(modes, state_mode_name[st]);
+        cJSON *mj = cJSON_AddObjectToObject(modes, optimizer_state_name(st));
         cJSON_AddNumberToObject(mj, "total", (double)m->host_bytes);
         cJSON_AddNumberToObject(mj, "bytes_per_param", m->bytes_per_param);
         cJSON *lj = cJSON_AddObjectToObject(mj, "largest_model");

@@ -35,7 +35,8 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
                       int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, bool bf16_state, uint64_t window_shm_bytes, struct ctl_sizes *out)
+                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes,
+                      struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
     if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
@@ -54,7 +55,7 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
               place(&c, &out->off_xchg, (uint64_t)gpus, sizeof(struct xchg_rank));
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
-    uint64_t state_size = bf16_state ? 2 : 4;
+    uint64_t state_size = ctl_state_size(state);
     uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * ctl_staging_lane_bytes(state_size);
     /* master (fp32), m and v, and the fp32 accumulator unless it heads the grads region */
     uint64_t master_per_param = 4 + 2 * state_size + (grads_direct ? 0 : 4);
@@ -198,8 +199,7 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
         ctl_region_name(job_name, "master", name, sizeof name);
         if (shm_region_attach(&regs[2], name, true) != 0)
             goto fail;
-        job_shm_master_views(s, regs[2].base, s->ctl->total_numel, s->ctl->grads_direct,
-                             s->ctl->job.optimizer_state == OPTIM_STATE_BF16);
+        job_shm_master_views(s, regs[2].base, s->ctl->total_numel, s->ctl->grads_direct, s->ctl->job.optimizer_state);
     }
     if (what & JOB_MAP_GRADS) {
         ctl_region_name(job_name, "grads", name, sizeof name);
@@ -217,12 +217,13 @@ fail:
     return -1;
 }
 
-void job_shm_master_views(struct job_shm *s, void *base, int64_t total_numel, bool grads_direct, bool bf16_state)
+void job_shm_master_views(struct job_shm *s, void *base, int64_t total_numel, bool grads_direct,
+                          enum optimizer_state state)
 {
     size_t n = (size_t)total_numel;
     s->master = base;
     char *next = (char *)(s->master + n);
-    if (bf16_state) {
+    if (state == OPTIM_STATE_BF16) {
         s->exp_avg16 = (uint16_t *)next;
         s->exp_avg_sq16 = s->exp_avg16 + n;
         next = (char *)(s->exp_avg_sq16 + n);

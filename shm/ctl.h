@@ -264,7 +264,7 @@ struct ctl_sizes {
 };
 /* keep_prev: params16 gets a second copy (versions by parity) for updates during the backward. grads_direct: the
  * gradient accumulator moves from the master region to the head of the grads region, in place of
- * the slots; grads_bf16: it holds bf16. bf16_state: Adam's m and v are bf16. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
+ * the slots; grads_bf16: it holds bf16. state: the dtype of Adam's m and v. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
  * 0 for none. */
 /* Frees the host gradient slots of a dead worker that no descriptor refers to: slots it was
  * filling, and filled slots whose descriptor never reached a ring. Call only after the rank's
@@ -273,7 +273,8 @@ void ctl_repair_slots(struct ctl_header *h, int rank);
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
                       int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, bool bf16_state, uint64_t window_shm_bytes, struct ctl_sizes *out);
+                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes,
+                      struct ctl_sizes *out);
 
 /* One rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk in fp32 (GPU-side
  * gradients), then XCHG_SLOTS parameter-shard slots of weight_size-byte elements (sharded
@@ -381,7 +382,8 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
 void job_shm_detach(struct job_shm *s);
 /* Points the views into the master region at base: master, then m and v (fp32 or bf16), then the
  * fp32 accumulator unless grads_direct, then the optimizers' staging blocks. */
-void job_shm_master_views(struct job_shm *s, void *base, int64_t total_numel, bool grads_direct, bool bf16_state);
+void job_shm_master_views(struct job_shm *s, void *base, int64_t total_numel, bool grads_direct,
+                          enum optimizer_state state);
 
 /* Where version v of the bf16 weights is: with keep_prev the versions alternate between two copies
  * by parity, so a worker redoing step v+1 still reads version v while the optimizers write v+1 (and
