@@ -1,8 +1,9 @@
 /* CPU optimizer benchmark (docs/performance.md §2.5): AdamW with fused bf16 output over N parameters on T threads,
  * bare and as the optimizer process runs it (each 8192-element block computed in a staging area
  * and copied into place, for crash safety), beside a plain memcpy of the same arrays on the same
- * threads; and the journaled update reading bf16 gradients (runtime.grad_dtype = bf16: each block
- * widened first); reports bytes touched per second. usage: bench_optim [N_millions=256] [threads=all] */
+ * threads; the journaled update reading bf16 gradients (runtime.grad_dtype = bf16: each block
+ * widened first), and with m and v in bf16 (train.optimizer_state = bf16, stochastic rounding);
+ * reports bytes touched per second. usage: bench_optim [N_millions=256] [threads=all] */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -16,10 +17,11 @@
 
 struct job {
     float *p, *m, *v, *g, *dst;
-    uint16_t *p16, *g16;
+    uint16_t *p16, *g16, *m16, *v16;
     size_t n;
     int threads, t;
-    int what; /* 0 adamw, 1 copy, 2 adamw through a staging block, 3 the same from bf16 gradients */
+    int what; /* 0 adamw, 1 copy, 2 adamw through a staging block, 3 the same from bf16 gradients,
+               * 4 the same with bf16 m and v */
     enum adamw_isa isa;
 };
 
@@ -53,8 +55,16 @@ static void *run(void *arg)
             g = stage + 3 * 8192;
             bf16_to_f32_n(g, j->g16 + i, n);
         }
+        if (j->what == 4) {
+            uint16_t *sm16 = (uint16_t *)sm, *sv16 = sm16 + 8192;
+            st.round_key = adamw_round_key(1234, 3, 0);
+            st.round_first = i;
+            adamw_update_bf16_to(j->isa, &st, j->p + i, j->m16 + i, j->v16 + i, g, sp, sm16, sv16, s16, n);
+            adamw_store_staged(j->p + i, j->m16 + i, j->v16 + i, j->p16 + i, sp, sm16, sv16, s16, n, 2);
+            continue;
+        }
         adamw_update_to(j->isa, &st, j->p + i, j->m + i, j->v + i, g, sp, sm, sv, s16, n);
-        adamw_store_staged(j->p + i, j->m + i, j->v + i, j->p16 + i, sp, sm, sv, s16, n);
+        adamw_store_staged(j->p + i, j->m + i, j->v + i, j->p16 + i, sp, sm, sv, s16, n, sizeof(float));
     }
     free(stage);
     return NULL;
@@ -83,7 +93,7 @@ int main(int argc, char **argv)
     int threads = argc > 2 ? atoi(argv[2]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     struct job j = {.n = n, .isa = adamw_isa_detect()};
     j.p = malloc(n * 4), j.m = calloc(n, 4), j.v = calloc(n, 4), j.g = malloc(n * 4), j.dst = malloc(n * 4);
-    j.p16 = malloc(n * 2), j.g16 = malloc(n * 2);
+    j.p16 = malloc(n * 2), j.g16 = malloc(n * 2), j.m16 = calloc(n, 2), j.v16 = calloc(n, 2);
     for (size_t i = 0; i < n; i++) {
         j.p[i] = (float)(i % 1000) * 1e-3f;
         j.g[i] = (float)(i % 777) * 1e-4f;
@@ -91,10 +101,11 @@ int main(int argc, char **argv)
         j.p16[i] = 0;
         j.g16[i] = f32_to_bf16(j.g[i]);
     }
-    double best_adam = 1e30, best_copy = 1e30, best_staged = 1e30, best_bf16 = 1e30;
+    double best_adam = 1e30, best_copy = 1e30, best_staged = 1e30, best_bf16 = 1e30, best_state16 = 1e30;
     for (int r = 0; r < 3; r++) {
         double a = timed(&j, threads, 0), c = timed(&j, threads, 1), st = timed(&j, threads, 2);
-        double sb = timed(&j, threads, 3);
+        double sb = timed(&j, threads, 3), s16 = timed(&j, threads, 4);
+        best_state16 = s16 < best_state16 ? s16 : best_state16;
         best_adam = a < best_adam ? a : best_adam;
         best_copy = c < best_copy ? c : best_copy;
         best_staged = st < best_staged ? st : best_staged;
@@ -108,11 +119,14 @@ int main(int argc, char **argv)
     printf("RESULT copy_bytes_per_s %.4g\n", copy_gbs * 1e9);
     printf("RESULT staged_params_per_s %.4g\n", n / best_staged);
     printf("RESULT staged_bf16_params_per_s %.4g\n", n / best_bf16);
+    printf("RESULT staged_bf16_state_params_per_s %.4g\n", n / best_state16);
     printf("adamw %.2f G params/s = %.1f GB/s touched; journaled %.2f G params/s = %.1f GB/s; memcpy %.1f GB/s; "
            "ratios %.2f %.2f\n",
            n / best_adam / 1e9, adam_gbs, n / best_staged / 1e9, 30.0 * n / best_staged / 1e9, copy_gbs,
            adam_gbs / copy_gbs, 30.0 * n / best_staged / 1e9 / copy_gbs);
     printf("journaled from bf16 gradients %.2f G params/s = %.1f GB/s touched (28 bytes per parameter)\n",
            n / best_bf16 / 1e9, 28.0 * n / best_bf16 / 1e9);
+    printf("journaled with bf16 m and v %.2f G params/s = %.1f GB/s touched (22 bytes per parameter)\n",
+           n / best_state16 / 1e9, 22.0 * n / best_state16 / 1e9);
     return 0;
 }

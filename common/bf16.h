@@ -26,6 +26,18 @@ static inline uint16_t f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* Stochastic rounding: x rounds away from zero (in magnitude) with probability equal to the
+ * fraction of a bf16 ulp it lies beyond the value truncation gives, so the stored value is x on
+ * average; r holds 16 uniformly random bits. NaN is kept quiet as in f32_to_bf16. */
+static inline uint16_t f32_to_bf16_stochastic(float f, uint32_t r)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + (r & 0xffffu)) >> 16);
+}
+
 /* n elements: widened (exact) and rounded. */
 static inline void bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
 {

@@ -19,6 +19,13 @@ enum update_mode { UPDATE_AUTO = 0, UPDATE_AFTER_BACKWARD = 1, UPDATE_DURING_BAC
 /* The dtype gradients cross to the host in when they go straight into the accumulator. */
 enum grad_dtype { GRAD_FP32 = 0, GRAD_BF16 = 1 };
 enum act_policy { ACT_AUTO = 0, ACT_KEEP = 1, ACT_RECOMPUTE = 2, ACT_OFFLOAD = 3 };
+/* The dtype of Adam's m and v on the host (the master weights stay fp32). */
+enum optimizer_state { OPTIM_STATE_FP32 = 0, OPTIM_STATE_BF16 = 1 };
+/* Its job.ini spelling. */
+static inline const char *optimizer_state_name(enum optimizer_state s)
+{
+    return s == OPTIM_STATE_BF16 ? "bf16" : "fp32";
+}
 
 struct job_config {
     char ini_path[JOB_PATH_MAX]; /* absolute path of job.ini; relative paths below are resolved against its folder */
@@ -47,6 +54,7 @@ struct job_config {
     double beta1, beta2, eps;
     double grad_clip;
     uint64_t seed;
+    enum optimizer_state optimizer_state; /* bf16: m and v stored in bf16, rounded stochastically */
 
     /* [checkpoint] */
     char ckpt_dir[JOB_PATH_MAX];

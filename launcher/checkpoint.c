@@ -1,7 +1,8 @@
 /* Disk checkpoints <checkpoint.dir>/step-S/: the HF export of the weights, optimizer.safetensors
- * (fp32 master weights, Adam m and v under "master.", "exp_avg.", "exp_avg_sq." + HF name) and
- * trainer_state.json (step, seed, data position). Written to a temporary directory and renamed into
- * place; the newest `keep` are kept. Resuming loads them back bit for bit. */
+ * (fp32 master weights, Adam m and v under "master.", "exp_avg.", "exp_avg_sq." + HF name; m and v
+ * in the job's optimizer_state dtype) and trainer_state.json (step, seed, data position,
+ * optimizer_state). Written to a temporary directory and renamed into place; the newest `keep` are
+ * kept. Resuming loads them back bit for bit, and only under the same optimizer_state. */
 #include "launch.h"
 
 #include <dirent.h>
@@ -11,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/err.h"
 #include "common/fsutil.h"
 #include "common/hf.h"
@@ -18,13 +21,40 @@
 
 static const char *const state_prefix[3] = {"master.", "exp_avg.", "exp_avg_sq."};
 
-struct emit_f32 {
-    const float *data;
+/* The three arrays of the optimizer state in the job's shared memory, with their dtype. */
+struct state_arrays {
+    void *data[3];
+    enum st_dtype dtype[3];
+    size_t elem_size[3];
 };
 
-static int emit_f32(void *arg, FILE *f, size_t nbytes)
+/* The dtype of state array k (master, m, v) under the job's optimizer_state. */
+static enum st_dtype state_dtype(const struct job_config *job, int k)
 {
-    const struct emit_f32 *e = arg;
+    return k > 0 && job->optimizer_state == OPTIM_STATE_BF16 ? ST_BF16 : ST_F32;
+}
+
+static struct state_arrays state_arrays_of(const struct job_state *st)
+{
+    bool half = st->job.optimizer_state == OPTIM_STATE_BF16;
+    struct state_arrays a = {
+        .data = {st->shm.master, half ? (void *)st->shm.exp_avg16 : (void *)st->shm.exp_avg,
+                 half ? (void *)st->shm.exp_avg_sq16 : (void *)st->shm.exp_avg_sq},
+    };
+    for (int k = 0; k < 3; k++) {
+        a.dtype[k] = state_dtype(&st->job, k);
+        a.elem_size[k] = st_dtype_size(a.dtype[k]);
+    }
+    return a;
+}
+
+struct emit_raw {
+    const void *data;
+};
+
+static int emit_raw(void *arg, FILE *f, size_t nbytes)
+{
+    const struct emit_raw *e = arg;
     return fwrite(e->data, 1, nbytes, f) == nbytes ? 0 : sd_err("write failed: %s", strerror(errno));
 }
 
@@ -33,21 +63,21 @@ static int write_optimizer_state(const struct job_state *st, const char *path)
     const struct layout *lay = &st->lay;
     int n = lay->num_tensors * 3;
     struct st_out_tensor *outs = calloc((size_t)n, sizeof *outs);
-    struct emit_f32 *args = calloc((size_t)n, sizeof *args);
+    struct emit_raw *args = calloc((size_t)n, sizeof *args);
     char (*names)[ST_NAME_MAX] = calloc((size_t)n, ST_NAME_MAX);
     if (!outs || !args || !names) {
         free(outs), free(args), free(names);
         return sd_err("out of memory");
     }
-    const float *arrays[3] = {st->shm.master, st->shm.exp_avg, st->shm.exp_avg_sq};
+    struct state_arrays arrays = state_arrays_of(st);
     for (int k = 0; k < 3; k++)
         for (int t = 0; t < lay->num_tensors; t++) {
             int i = k * lay->num_tensors + t;
             const struct tensor_desc *td = &lay->tensors[t];
             snprintf(names[i], ST_NAME_MAX, "%s%s", state_prefix[k], td->name);
-            args[i].data = arrays[k] + td->offset;
-            outs[i] = (struct st_out_tensor){.name = names[i], .dtype = ST_F32, .ndim = td->ndim, .emit = emit_f32,
-                                             .arg = &args[i]};
+            args[i].data = (const char *)arrays.data[k] + (size_t)td->offset * arrays.elem_size[k];
+            outs[i] = (struct st_out_tensor){.name = names[i], .dtype = arrays.dtype[k], .ndim = td->ndim,
+                                             .emit = emit_raw, .arg = &args[i]};
             outs[i].shape[0] = td->shape[0];
             outs[i].shape[1] = td->shape[1];
         }
@@ -113,8 +143,9 @@ int checkpoint_write(const struct job_state *st, uint32_t step)
     char json[512];
     int len = snprintf(json, sizeof json,
                        "{\n  \"format\": 1,\n  \"step\": %u,\n  \"data_position\": %u,\n  \"seed\": %llu,\n"
-                       "  \"num_params\": %lld\n}\n",
-                       step, step, (unsigned long long)st->job.seed, (long long)st->lay.num_params);
+                       "  \"num_params\": %lld,\n  \"optimizer_state\": \"%s\"\n}\n",
+                       step, step, (unsigned long long)st->job.seed, (long long)st->lay.num_params,
+                       optimizer_state_name(st->job.optimizer_state));
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
     if (fs_write_atomic(path, json, (size_t)len) != 0 || fs_fsync_dir(tmp) != 0)
         goto fail;
@@ -125,6 +156,26 @@ int checkpoint_write(const struct job_state *st, uint32_t step)
 fail:
     fs_rm_rf(tmp);
     return sd_err_prefix("checkpoint %s", dir);
+}
+
+/* The optimizer_state step-S/ was written with ("fp32" when trainer_state.json predates the key),
+ * or NULL when the file cannot be read. */
+static const char *checkpoint_mode(const char *path, char *out, size_t out_len)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char text[4096]; /* the file is a few lines (checkpoint_write) */
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    cJSON *root = cJSON_Parse(text);
+    if (!root)
+        return NULL;
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(root, "optimizer_state");
+    snprintf(out, out_len, "%s", cJSON_IsString(mode) ? mode->valuestring : "fp32");
+    cJSON_Delete(root);
+    return out;
 }
 
 int checkpoint_latest(const struct job_config *job, uint32_t *step)
@@ -144,20 +195,32 @@ int checkpoint_latest(const struct job_config *job, uint32_t *step)
             *step = s;
     }
     closedir(d);
+    if (*step == 0)
+        return 0;
+    char path[JOB_PATH_MAX + 300], mode[16];
+    snprintf(path, sizeof path, "%s/step-%u/trainer_state.json", job->ckpt_dir, *step);
+    if (!checkpoint_mode(path, mode, sizeof mode))
+        return sd_err("%s cannot be read as JSON", path);
+    const char *want = optimizer_state_name(job->optimizer_state);
+    if (strcmp(mode, want) != 0)
+        return sd_err("%s: written with [train] optimizer_state = %s, this job has %s; resuming under another "
+                      "mode is refused (set [checkpoint] resume = never to start over)",
+                      path, mode, want);
     return 0;
 }
 
 /* The state tensor k ("master.", "exp_avg.", "exp_avg_sq.") of tensor td in f, or NULL with the
  * reason when it is missing or has another dtype or size. */
-static const struct st_tensor *state_tensor(const struct st_file *f, int k, const struct tensor_desc *td,
-                                            const char *path)
+static const struct st_tensor *state_tensor(const struct st_file *f, const struct job_config *job, int k,
+                                            const struct tensor_desc *td, const char *path)
 {
     char name[ST_NAME_MAX];
     snprintf(name, sizeof name, "%s%s", state_prefix[k], td->name);
     const struct st_tensor *x = st_find(f, name);
-    if (!x || x->dtype != ST_F32 || x->numel != td->numel) {
+    enum st_dtype want = state_dtype(job, k);
+    if (!x || x->dtype != want || x->numel != td->numel) {
         sd_err("%s: tensor %s %s", path, name,
-               !x ? "is missing" : x->dtype != ST_F32 ? "is not F32" : "has another number of elements");
+               !x ? "is missing" : x->dtype != want ? "has another dtype" : "has another number of elements");
         return NULL;
     }
     return x;
@@ -178,7 +241,7 @@ int checkpoint_check(const struct job_state *st, uint32_t step)
     if (rc == 0) {
         for (int k = 0; k < 3 && rc == 0; k++)
             for (int t = 0; t < st->lay.num_tensors && rc == 0; t++)
-                rc = state_tensor(&f, k, &st->lay.tensors[t], path) ? 0 : -1;
+                rc = state_tensor(&f, job, k, &st->lay.tensors[t], path) ? 0 : -1;
         st_close(&f);
     }
     if (rc != 0) {
@@ -199,16 +262,17 @@ int checkpoint_load(struct job_state *st, uint32_t step)
     struct st_file f;
     if (st_open(path, &f) != 0)
         return -1;
-    float *arrays[3] = {st->shm.master, st->shm.exp_avg, st->shm.exp_avg_sq};
+    struct state_arrays arrays = state_arrays_of(st);
     int rc = 0;
     for (int k = 0; k < 3 && rc == 0; k++)
         for (int t = 0; t < st->lay.num_tensors && rc == 0; t++) {
             const struct tensor_desc *td = &st->lay.tensors[t];
-            const struct st_tensor *x = state_tensor(&f, k, td, path);
+            const struct st_tensor *x = state_tensor(&f, &st->job, k, td, path);
             if (!x)
                 rc = -1;
             else
-                memcpy(arrays[k] + td->offset, x->data, (size_t)td->numel * sizeof(float));
+                memcpy((char *)arrays.data[k] + (size_t)td->offset * arrays.elem_size[k], x->data,
+                       (size_t)td->numel * arrays.elem_size[k]);
         }
     st_close(&f);
     return rc;

@@ -804,11 +804,12 @@ static void print_header(const struct sup *s)
         printf("slidedp: %s\n", line);
     }
     plan_print(stdout, &st->plan, &st->cfg, job);
-    printf("slidedp: shared state %.1f MiB in /dev/shm/slidedp.%s.*; logs in %s\n",
-           (double)(st->shm.ctl->size + st->shm.ctl->params16_bytes + st->shm.ctl->master_bytes +
-                    st->shm.ctl->grads_bytes) /
-               (1 << 20),
-           st->job_name, job->log_dir);
+    uint64_t state_bytes = st->shm.ctl->size + st->shm.ctl->params16_bytes + st->shm.ctl->master_bytes +
+                           st->shm.ctl->grads_bytes;
+    printf("slidedp: shared state %.1f MiB (%.2f bytes per parameter, %s optimizer state) in /dev/shm/slidedp.%s.*; "
+           "logs in %s\n",
+           (double)state_bytes / (1 << 20), (double)state_bytes / (double)st->lay.num_params,
+           optimizer_state_name(job->optimizer_state), st->job_name, job->log_dir);
     fflush(stdout);
 }
 

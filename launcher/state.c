@@ -16,18 +16,11 @@
 #include "common/err.h"
 #include "common/fsutil.h"
 #include "common/hf.h"
+#include "common/rng.h"
 #include "planner/search.h"
 #include "shm/futex.h"
 
 #define INIT_BLOCK ((int64_t)1 << 20) /* elements per independently seeded block of random init */
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static uint64_t hash_str(const char *s)
 {
@@ -336,19 +329,17 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
 
 static void map_views(struct job_state *st)
 {
-    size_t n = (size_t)st->lay.total_numel;
     st->shm.ctl = st->ctl_region.base;
     st->shm.params16 = st->params16_region.base;
-    st->shm.master = st->master_region.base;
-    st->shm.exp_avg = st->shm.master + n;
-    st->shm.exp_avg_sq = st->shm.master + 2 * n;
     st->shm.grads = st->grads_region.base;
     /* as job_shm_attach maps them: the accumulator heads the grads region when gradients go
      * straight into it (in bf16 when they cross in bf16), else follows v in the master region */
     bool direct = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum);
     bool bf16 = plan_grads_bf16(&st->plan, &st->job);
+    job_shm_master_views(&st->shm, st->master_region.base, st->lay.total_numel, direct, st->job.optimizer_state);
     st->shm.grad_acc16 = bf16 ? (uint16_t *)st->shm.grads : NULL;
-    st->shm.grad_acc = bf16 ? NULL : direct ? st->shm.grads : st->shm.master + 3 * n;
+    if (direct)
+        st->shm.grad_acc = bf16 ? NULL : st->shm.grads;
 }
 
 static bool is_our_child(int pid)
@@ -440,7 +431,7 @@ int state_create(struct job_state *st)
     int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
                                st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
                                keep_prev, plan_grads_direct(&st->plan, job->gpus, job->grad_accum),
-                               plan_grads_bf16(&st->plan, job), window_shm, &sz);
+                               plan_grads_bf16(&st->plan, job), job->optimizer_state, window_shm, &sz);
     st->window_shm_bytes = window_shm;
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);

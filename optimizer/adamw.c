@@ -1,7 +1,13 @@
 /* Vectorised AdamW with fused bf16 output, gradient accumulation and sum of squares; scalar, AVX2
  * and AVX-512 paths chosen at run time. Every path performs the same fp32 operations in the same
  * order (no FMA: the build uses -ffp-contract=off here), so results are bit-identical across
- * ISAs and across how the work is split. */
+ * ISAs and across how the work is split.
+ *
+ * bf16 state (train.optimizer_state = bf16) rounds m and v stochastically, not to nearest: with
+ * beta2 = 0.999, v * beta2 moves v by less than half a bf16 ulp, so rounded to nearest v would never
+ * decay; stochastic rounding stores each value exactly on average. Its bits come from a counter
+ * (SplitMix64 draw of the element's index, keyed by seed, step and tensor), not from a generator's
+ * state, so a crashed optimizer's successor recomputes a block with the same bits. */
 #include "adamw.h"
 
 #include <immintrin.h>
@@ -11,6 +17,7 @@
 #include <string.h>
 
 #include "common/bf16.h"
+#include "common/rng.h"
 
 enum adamw_isa adamw_isa_detect(void)
 {
@@ -62,25 +69,37 @@ static struct consts consts_of(const struct adamw_step *s)
     return c;
 }
 
-/* Input and output arrays (each may alias its input). */
+/* Input and output arrays (each may alias its input). With bf16 state, m and v are m16, v16 (in)
+ * and mo16, vo16 (out), rounded with draws round_first + i of the stream round_key. */
 struct io {
     const float *p, *m, *v, *g;
     float *po, *mo, *vo;
     uint16_t *p16;
+    const uint16_t *m16, *v16;
+    uint16_t *mo16, *vo16;
+    uint64_t round_key, round_first;
 };
 
 static inline void adamw_one(const struct consts *c, const struct io *a, size_t i)
 {
+    bool half = a->m16 != NULL;
     float gi = a->g[i] * c->gscale;
     float pi = a->p[i] * c->decay;
-    float mo = a->m[i];
+    float mo = half ? bf16_to_f32(a->m16[i]) : a->m[i];
+    float vo = half ? bf16_to_f32(a->v16[i]) : a->v[i];
     float mi = c->lerp_low ? mo + c->w1 * (gi - mo) : gi - (gi - mo) * (1.0f - c->w1);
-    float vi = a->v[i] * c->b2 + (c->w2 * gi) * gi;
+    float vi = vo * c->b2 + (c->w2 * gi) * gi;
     float denom = sqrtf(vi) / c->bc2_sqrt + c->eps;
     pi = pi + c->neg_step * (mi / denom);
     a->po[i] = pi;
-    a->mo[i] = mi;
-    a->vo[i] = vi;
+    if (half) {
+        uint64_t r = splitmix64_at(a->round_key, a->round_first + i);
+        a->mo16[i] = f32_to_bf16_stochastic(mi, (uint32_t)r);
+        a->vo16[i] = f32_to_bf16_stochastic(vi, (uint32_t)r >> 16);
+    } else {
+        a->mo[i] = mi;
+        a->vo[i] = vi;
+    }
     a->p16[i] = f32_to_bf16(pi);
 }
 
@@ -90,11 +109,11 @@ static void adamw_scalar(const struct consts *c, const struct io *a, size_t n)
         adamw_one(c, a, i);
 }
 
-__attribute__((target("avx2"))) static inline __m128i bf16_pack8_avx2(__m256 x)
+/* bf16 of 8 floats: the top half of each one's bits plus `add` (NaN kept quiet). */
+__attribute__((target("avx2"))) static inline __m128i bf16_pack8_add_avx2(__m256 x, __m256i add)
 {
     __m256i u = _mm256_castps_si256(x);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, add), 16);
     __m256i absu = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
     __m256i nan = _mm256_cmpgt_epi32(absu, _mm256_set1_epi32(0x7f800000));
     __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
@@ -103,7 +122,51 @@ __attribute__((target("avx2"))) static inline __m128i bf16_pack8_avx2(__m256 x)
     return _mm_packus_epi32(lo, hi);
 }
 
-__attribute__((target("avx2"))) static void adamw_avx2(const struct consts *c, const struct io *a, size_t n)
+/* Round to nearest even, as f32_to_bf16. */
+__attribute__((target("avx2"))) static inline __m128i bf16_pack8_avx2(__m256 x)
+{
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 16), _mm256_set1_epi32(1));
+    return bf16_pack8_add_avx2(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+}
+
+/* a * b mod 2^64 per 64-bit lane (AVX2 has no 64-bit multiply): from three 32x32->64 products. */
+__attribute__((target("avx2"))) static inline __m256i mul64_avx2(__m256i a, uint64_t b)
+{
+    __m256i blo = _mm256_set1_epi64x((long long)(b & 0xffffffffu)), bhi = _mm256_set1_epi64x((long long)(b >> 32));
+    __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), blo), _mm256_mul_epu32(a, bhi));
+    return _mm256_add_epi64(_mm256_mul_epu32(a, blo), _mm256_slli_epi64(cross, 32));
+}
+
+/* splitmix64_mix per 64-bit lane. */
+__attribute__((target("avx2"))) static inline __m256i mix64_avx2(__m256i z)
+{
+    z = mul64_avx2(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), 0xbf58476d1ce4e5b9ull);
+    z = mul64_avx2(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), 0x94d049bb133111ebull);
+    return _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
+}
+
+/* The low 32 bits of draws first .. first+7 of the stream key, one per 32-bit lane. */
+__attribute__((target("avx2"))) static inline __m256i draws8_avx2(uint64_t key, uint64_t first)
+{
+    const __m256i steps = _mm256_setr_epi64x(0, (long long)SPLITMIX64_GAMMA, (long long)(2 * SPLITMIX64_GAMMA),
+                                             (long long)(3 * SPLITMIX64_GAMMA));
+    __m256i base = _mm256_add_epi64(_mm256_set1_epi64x((long long)(key + (first + 1) * SPLITMIX64_GAMMA)), steps);
+    __m256i lo = mix64_avx2(base);
+    __m256i hi = mix64_avx2(_mm256_add_epi64(base, _mm256_set1_epi64x((long long)(4 * SPLITMIX64_GAMMA))));
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    return _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(lo, even), _mm256_permutevar8x32_epi32(hi, even),
+                                     0x20);
+}
+
+__attribute__((target("avx2"))) static inline __m256 widen8_avx2(const uint16_t *x)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)x)), 16));
+}
+
+/* half: m and v in bf16 (a constant in each caller, so each variant is compiled without the test). */
+__attribute__((target("avx2"), always_inline)) static inline void adamw_avx2_body(const struct consts *c,
+                                                                                 const struct io *a, size_t n,
+                                                                                 const bool half)
 {
     const __m256 gscale = _mm256_set1_ps(c->gscale), decay = _mm256_set1_ps(c->decay), w1 = _mm256_set1_ps(c->w1),
                  one_w1 = _mm256_set1_ps(1.0f - c->w1), b2 = _mm256_set1_ps(c->b2), w2 = _mm256_set1_ps(c->w2),
@@ -113,17 +176,110 @@ __attribute__((target("avx2"))) static void adamw_avx2(const struct consts *c, c
     for (; i + 8 <= n; i += 8) {
         __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(a->g + i), gscale);
         __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(a->p + i), decay);
-        __m256 mo = _mm256_loadu_ps(a->m + i);
+        __m256 mo = half ? widen8_avx2(a->m16 + i) : _mm256_loadu_ps(a->m + i);
+        __m256 vo = half ? widen8_avx2(a->v16 + i) : _mm256_loadu_ps(a->v + i);
         __m256 mi = c->lerp_low ? _mm256_add_ps(mo, _mm256_mul_ps(w1, _mm256_sub_ps(gi, mo)))
                                 : _mm256_sub_ps(gi, _mm256_mul_ps(_mm256_sub_ps(gi, mo), one_w1));
-        __m256 vi =
-            _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(a->v + i), b2), _mm256_mul_ps(_mm256_mul_ps(w2, gi), gi));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(vo, b2), _mm256_mul_ps(_mm256_mul_ps(w2, gi), gi));
         __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
         pi = _mm256_add_ps(pi, _mm256_mul_ps(neg_step, _mm256_div_ps(mi, denom)));
         _mm256_storeu_ps(a->po + i, pi);
-        _mm256_storeu_ps(a->mo + i, mi);
-        _mm256_storeu_ps(a->vo + i, vi);
+        if (half) {
+            __m256i r = draws8_avx2(a->round_key, a->round_first + i), low16 = _mm256_set1_epi32(0xffff);
+            _mm_storeu_si128((__m128i *)(a->mo16 + i), bf16_pack8_add_avx2(mi, _mm256_and_si256(r, low16)));
+            _mm_storeu_si128((__m128i *)(a->vo16 + i), bf16_pack8_add_avx2(vi, _mm256_srli_epi32(r, 16)));
+        } else {
+            _mm256_storeu_ps(a->mo + i, mi);
+            _mm256_storeu_ps(a->vo + i, vi);
+        }
         _mm_storeu_si128((__m128i *)(a->p16 + i), bf16_pack8_avx2(pi));
+    }
+    for (; i < n; i++)
+        adamw_one(c, a, i);
+}
+
+__attribute__((target("avx2"))) static void adamw_avx2(const struct consts *c, const struct io *a, size_t n)
+{
+    if (a->m16)
+        adamw_avx2_body(c, a, n, true);
+    else
+        adamw_avx2_body(c, a, n, false);
+}
+
+/* a * b mod 2^64 per 64-bit lane, as mul64_avx2 (AVX-512F alone has no 64-bit multiply either). */
+__attribute__((target("avx512f"))) static inline __m512i mul64_avx512(__m512i a, uint64_t b)
+{
+    __m512i blo = _mm512_set1_epi64((long long)(b & 0xffffffffu)), bhi = _mm512_set1_epi64((long long)(b >> 32));
+    __m512i cross = _mm512_add_epi64(_mm512_mul_epu32(_mm512_srli_epi64(a, 32), blo), _mm512_mul_epu32(a, bhi));
+    return _mm512_add_epi64(_mm512_mul_epu32(a, blo), _mm512_slli_epi64(cross, 32));
+}
+
+__attribute__((target("avx512f"))) static inline __m512i mix64_avx512(__m512i z)
+{
+    z = mul64_avx512(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), 0xbf58476d1ce4e5b9ull);
+    z = mul64_avx512(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), 0x94d049bb133111ebull);
+    return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+}
+
+/* The low 32 bits of draws first .. first+15 of the stream key, one per 32-bit lane. */
+__attribute__((target("avx512f"))) static inline __m512i draws16_avx512(uint64_t key, uint64_t first)
+{
+    const uint64_t g = SPLITMIX64_GAMMA;
+    const __m512i steps = _mm512_setr_epi64(0, (long long)g, (long long)(2 * g), (long long)(3 * g), (long long)(4 * g),
+                                            (long long)(5 * g), (long long)(6 * g), (long long)(7 * g));
+    __m512i base = _mm512_add_epi64(_mm512_set1_epi64((long long)(key + (first + 1) * g)), steps);
+    __m256i lo = _mm512_cvtepi64_epi32(mix64_avx512(base));
+    __m256i hi = _mm512_cvtepi64_epi32(mix64_avx512(_mm512_add_epi64(base, _mm512_set1_epi64((long long)(8 * g)))));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+__attribute__((target("avx512f"))) static inline __m512 widen16_avx512(const uint16_t *x)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)x)), 16));
+}
+
+/* bf16 of 16 floats: the top half of each one's bits plus `add` (NaN kept quiet). */
+__attribute__((target("avx512f"))) static inline __m256i bf16_pack16_add_avx512(__m512 x, __m512i add)
+{
+    __m512i u = _mm512_castps_si512(x);
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, add), 16);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i r = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+__attribute__((target("avx512f,avx512bw"), always_inline)) static inline void adamw_avx512_body(const struct consts *c,
+                                                                                              const struct io *a,
+                                                                                              size_t n, const bool half)
+{
+    const __m512 gscale = _mm512_set1_ps(c->gscale), decay = _mm512_set1_ps(c->decay), w1 = _mm512_set1_ps(c->w1),
+                 one_w1 = _mm512_set1_ps(1.0f - c->w1), b2 = _mm512_set1_ps(c->b2), w2 = _mm512_set1_ps(c->w2),
+                 bc2s = _mm512_set1_ps(c->bc2_sqrt), neg_step = _mm512_set1_ps(c->neg_step),
+                 eps = _mm512_set1_ps(c->eps);
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), low16 = _mm512_set1_epi32(0xffff);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(a->g + i), gscale);
+        __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(a->p + i), decay);
+        __m512 mo = half ? widen16_avx512(a->m16 + i) : _mm512_loadu_ps(a->m + i);
+        __m512 vo = half ? widen16_avx512(a->v16 + i) : _mm512_loadu_ps(a->v + i);
+        __m512 mi = c->lerp_low ? _mm512_add_ps(mo, _mm512_mul_ps(w1, _mm512_sub_ps(gi, mo)))
+                                : _mm512_sub_ps(gi, _mm512_mul_ps(_mm512_sub_ps(gi, mo), one_w1));
+        __m512 vi = _mm512_add_ps(_mm512_mul_ps(vo, b2), _mm512_mul_ps(_mm512_mul_ps(w2, gi), gi));
+        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
+        pi = _mm512_add_ps(pi, _mm512_mul_ps(neg_step, _mm512_div_ps(mi, denom)));
+        _mm512_storeu_ps(a->po + i, pi);
+        if (half) {
+            __m512i r = draws16_avx512(a->round_key, a->round_first + i);
+            _mm256_storeu_si256((__m256i *)(a->mo16 + i), bf16_pack16_add_avx512(mi, _mm512_and_si512(r, low16)));
+            _mm256_storeu_si256((__m256i *)(a->vo16 + i), bf16_pack16_add_avx512(vi, _mm512_srli_epi32(r, 16)));
+        } else {
+            _mm512_storeu_ps(a->mo + i, mi);
+            _mm512_storeu_ps(a->vo + i, vi);
+        }
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(pi), 16), one);
+        _mm256_storeu_si256((__m256i *)(a->p16 + i), bf16_pack16_add_avx512(pi, _mm512_add_epi32(bias, lsb)));
     }
     for (; i < n; i++)
         adamw_one(c, a, i);
@@ -132,52 +288,48 @@ __attribute__((target("avx2"))) static void adamw_avx2(const struct consts *c, c
 __attribute__((target("avx512f,avx512bw"))) static void adamw_avx512(const struct consts *c, const struct io *a,
                                                                      size_t n)
 {
-    const __m512 gscale = _mm512_set1_ps(c->gscale), decay = _mm512_set1_ps(c->decay), w1 = _mm512_set1_ps(c->w1),
-                 one_w1 = _mm512_set1_ps(1.0f - c->w1), b2 = _mm512_set1_ps(c->b2), w2 = _mm512_set1_ps(c->w2),
-                 bc2s = _mm512_set1_ps(c->bc2_sqrt), neg_step = _mm512_set1_ps(c->neg_step),
-                 eps = _mm512_set1_ps(c->eps);
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), absmask = _mm512_set1_epi32(0x7fffffff),
-                  inf = _mm512_set1_epi32(0x7f800000), qbit = _mm512_set1_epi32(0x40);
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(a->g + i), gscale);
-        __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(a->p + i), decay);
-        __m512 mo = _mm512_loadu_ps(a->m + i);
-        __m512 mi = c->lerp_low ? _mm512_add_ps(mo, _mm512_mul_ps(w1, _mm512_sub_ps(gi, mo)))
-                                : _mm512_sub_ps(gi, _mm512_mul_ps(_mm512_sub_ps(gi, mo), one_w1));
-        __m512 vi =
-            _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(a->v + i), b2), _mm512_mul_ps(_mm512_mul_ps(w2, gi), gi));
-        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
-        pi = _mm512_add_ps(pi, _mm512_mul_ps(neg_step, _mm512_div_ps(mi, denom)));
-        _mm512_storeu_ps(a->po + i, pi);
-        _mm512_storeu_ps(a->mo + i, mi);
-        _mm512_storeu_ps(a->vo + i, vi);
-        __m512i u = _mm512_castps_si512(pi);
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-        __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
-        __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absmask), inf);
-        __m512i r = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), qbit);
-        _mm256_storeu_si256((__m256i *)(a->p16 + i), _mm512_cvtepi32_epi16(r));
+    if (a->m16)
+        adamw_avx512_body(c, a, n, true);
+    else
+        adamw_avx512_body(c, a, n, false);
+}
+
+static void adamw_run(enum adamw_isa isa, const struct adamw_step *s, const struct io *a, size_t n)
+{
+    struct consts c = consts_of(s);
+    switch (isa) {
+    case ADAMW_AVX512:
+        adamw_avx512(&c, a, n);
+        break;
+    case ADAMW_AVX2:
+        adamw_avx2(&c, a, n);
+        break;
+    default:
+        adamw_scalar(&c, a, n);
     }
-    for (; i < n; i++)
-        adamw_one(c, a, i);
 }
 
 void adamw_update_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, const float *m, const float *v,
                      const float *g, float *p_out, float *m_out, float *v_out, uint16_t *p16, size_t n)
 {
-    struct consts c = consts_of(s);
-    struct io a = {p, m, v, g, p_out, m_out, v_out, p16};
-    switch (isa) {
-    case ADAMW_AVX512:
-        adamw_avx512(&c, &a, n);
-        break;
-    case ADAMW_AVX2:
-        adamw_avx2(&c, &a, n);
-        break;
-    default:
-        adamw_scalar(&c, &a, n);
-    }
+    struct io a = {.p = p, .m = m, .v = v, .g = g, .po = p_out, .mo = m_out, .vo = v_out, .p16 = p16};
+    adamw_run(isa, s, &a, n);
+}
+
+void adamw_update_bf16_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, const uint16_t *m,
+                          const uint16_t *v, const float *g, float *p_out, uint16_t *m_out, uint16_t *v_out,
+                          uint16_t *p16, size_t n)
+{
+    struct io a = {.p = p, .g = g, .po = p_out, .p16 = p16, .m16 = m, .v16 = v, .mo16 = m_out, .vo16 = v_out,
+                   .round_key = s->round_key, .round_first = s->round_first};
+    adamw_run(isa, s, &a, n);
+}
+
+/* Two mixes: the seed's draw, then that combined with (step, tensor); distinct pairs enter the
+ * (bijective) mix as distinct values, so no two tensor updates of a run share a stream key. */
+uint64_t adamw_round_key(uint64_t seed, uint32_t step, uint32_t tensor)
+{
+    return splitmix64_mix(splitmix64_at(seed, 0) ^ ((uint64_t)step << 32 | tensor));
 }
 
 void adamw_update(enum adamw_isa isa, const struct adamw_step *s, float *p, float *m, float *v, const float *g,
@@ -287,12 +439,12 @@ static void copy_streaming(void *dst, const void *src, size_t bytes)
     memcpy(d, s, bytes);
 }
 
-void adamw_store_staged(float *p, float *m, float *v, uint16_t *p16, const float *sp, const float *sm, const float *sv,
-                        const uint16_t *s16, size_t n)
+void adamw_store_staged(float *p, void *m, void *v, uint16_t *p16, const float *sp, const void *sm, const void *sv,
+                        const uint16_t *s16, size_t n, size_t state_size)
 {
     memcpy(p, sp, n * sizeof(float));
-    memcpy(m, sm, n * sizeof(float));
-    memcpy(v, sv, n * sizeof(float));
+    memcpy(m, sm, n * state_size);
+    memcpy(v, sv, n * state_size);
     copy_streaming(p16, s16, n * sizeof(uint16_t));
     _mm_sfence(); /* the streaming stores are ordered before whatever the caller publishes next */
 }

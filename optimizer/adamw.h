@@ -1,7 +1,8 @@
 /* AdamW over a contiguous range of fp32 master weights, with the bf16 compute copy written in the
  * same pass (torch.optim.AdamW semantics: decoupled decay, bias-corrected moments, eps added to
- * sqrt(v_hat)). Implementations for AVX-512, AVX2 and scalar are chosen at run time by CPUID; all
- * give bit-identical results (the vector paths do exactly the scalar path's fp32 operations). */
+ * sqrt(v_hat)), with m and v in fp32 or in bf16. Implementations for AVX-512, AVX2 and scalar are
+ * chosen at run time by CPUID; all give bit-identical results (the vector paths do exactly the
+ * scalar path's fp32 operations and the same integer rounding). */
 #ifndef SD_ADAMW_H
 #define SD_ADAMW_H
 
@@ -14,6 +15,9 @@ struct adamw_step {
     float weight_decay; /* 0 for tensors without decay */
     float grad_scale;   /* clip coefficient (1 when not clipping) */
     int step;           /* update number, from 1, for bias correction */
+    /* bf16 state only (adamw_update_bf16_to): the rounding stream (adamw_round_key) and the draw
+     * that rounds the call's first element */
+    uint64_t round_key, round_first;
 };
 
 enum adamw_isa { ADAMW_SCALAR = 0, ADAMW_AVX2 = 1, ADAMW_AVX512 = 2 };
@@ -29,6 +33,19 @@ void adamw_update(enum adamw_isa isa, const struct adamw_step *s, float *p, floa
 void adamw_update_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, const float *m, const float *v,
                      const float *g, float *p_out, float *m_out, float *v_out, uint16_t *p16, size_t n);
 
+/* The same with Adam's m and v in bf16 ([train] optimizer_state = bf16): read widened (exact), the
+ * update computed in fp32 exactly as above, the new m and v stored with stochastic rounding
+ * (f32_to_bf16_stochastic). Element i takes draw s->round_first + i of SplitMix64 seeded with
+ * s->round_key: its bits 0-15 round m, bits 16-31 round v. So the bits depend only on the key and
+ * the element, never on the ISA or on how callers split the work. */
+void adamw_update_bf16_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, const uint16_t *m,
+                          const uint16_t *v, const float *g, float *p_out, uint16_t *m_out, uint16_t *v_out,
+                          uint16_t *p16, size_t n);
+/* The rounding stream of one tensor's update at one step: a SplitMix64 seed that differs for every
+ * (seed, step, tensor); the draw is the element's index within the tensor, so the stream does not
+ * depend on the layout either. */
+uint64_t adamw_round_key(uint64_t seed, uint32_t step, uint32_t tensor);
+
 /* Sum of squares of x[0..n) in double, in a fixed order (blocks of 8 lanes), so the result does
  * not depend on the ISA or on how callers split work between threads at multiples of 64. */
 double sumsq_f32(enum adamw_isa isa, const float *x, size_t n);
@@ -38,11 +55,12 @@ void grad_accumulate(float *dst, const float *src, size_t n, int first);
 /* dst = a + b, elementwise fp32. */
 void grad_add_to(float *dst, const float *a, const float *b, size_t n);
 
-/* Copies an update computed into a staging block (adamw_update_to) into place. master, m and v take
+/* Copies an update computed into a staging block (adamw_update_to, adamw_update_bf16_to) into
+ * place; m and v have state_size bytes per element (4, or 2 for bf16 state). master, m and v take
  * ordinary stores: the update just read their lines, so they are in cache. The bf16 copy takes
  * non-temporal stores, so its lines are not read from memory first (2 of the ~32 bytes per
  * parameter the update moves); a store fence then orders them before what the caller publishes. */
-void adamw_store_staged(float *p, float *m, float *v, uint16_t *p16, const float *sp, const float *sm, const float *sv,
-                        const uint16_t *s16, size_t n);
+void adamw_store_staged(float *p, void *m, void *v, uint16_t *p16, const float *sp, const void *sm, const void *sv,
+                        const uint16_t *s16, size_t n, size_t state_size);
 
 #endif

@@ -33,15 +33,18 @@
 /* One optimizer thread's journal and staging block. */
 struct lane {
     struct journal *journal;
-    float *stage_p, *stage_m, *stage_v;
+    float *stage_p;
+    void *stage_m, *stage_v; /* fp32 or bf16, as the job's optimizer_state */
     uint16_t *stage_p16;
     float *grad32; /* grads_bf16: a block of the accumulator widened to fp32 (private memory) */
 };
 
 /* A block of an update: a piece of one tensor (so it has one weight decay). */
 struct update_item {
-    uint64_t offset; /* elements from the start of the parameter space */
+    uint64_t offset;      /* elements from the start of the parameter space */
+    uint64_t tensor_elem; /* the same element's index within its tensor */
     uint32_t n;
+    uint32_t tensor;
     bool decay;
 };
 
@@ -61,6 +64,9 @@ struct optim {
     uint32_t total_micro;
     bool shard_grads; /* GPU-side gradients: each rank sends the step's sum of its shard, once */
     enum adamw_isa isa;
+    bool bf16_state;    /* m and v in bf16 ([train] optimizer_state) */
+    size_t state_size;  /* bytes per element of m and of v */
+    char *m_bytes, *v_bytes; /* m and v, whichever their dtype */
 
     /* threads: lane 0 is the main thread; the others run `job` between two barriers */
     int threads;
@@ -153,9 +159,9 @@ static void journal_apply(struct optim *o, struct lane *l)
     if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE)
         memcpy(o->shm.grad_acc + off, l->stage_p, n * sizeof(float));
     else
-        adamw_store_staged(o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off,
+        adamw_store_staged(o->shm.master + off, o->m_bytes + off * o->state_size, o->v_bytes + off * o->state_size,
                            job_params16_of(&o->shm, j->step) + off, l->stage_p, l->stage_m, l->stage_v,
-                           l->stage_p16, n);
+                           l->stage_p16, n, o->state_size);
 }
 
 static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t chunk, uint32_t step, uint32_t micro,
@@ -323,8 +329,15 @@ static void update_lane(struct optim *o, int t)
         const float *g = grad_block(o, l, off, n);
         if (o->norm_in_update) /* the block is in cache for the update that follows */
             o->item_sumsq[b] = sumsq_f32(o->isa, g, n);
-        adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off, g,
-                        l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
+        if (o->bf16_state) {
+            st.round_key = adamw_round_key(o->ctl->job.seed, (uint32_t)st.step, it->tensor);
+            st.round_first = it->tensor_elem;
+            adamw_update_bf16_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg16 + off, o->shm.exp_avg_sq16 + off,
+                                 g, l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
+        } else {
+            adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off, g,
+                            l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
+        }
         journal_commit(o, l, JOURNAL_UPDATE, (uint32_t)c, (uint32_t)st.step, 0, b, off, n);
         atomic_store_explicit(&cs->upd_done[t], b + 1, memory_order_release);
         journal_clear(l);
@@ -554,7 +567,9 @@ static int build_items(struct optim *o)
             for (int64_t e = 0; e < td->numel; e += JOURNAL_BLOCK)
                 o->items[c][o->num_items[c]++] = (struct update_item){
                     .offset = (uint64_t)(td->offset + e),
+                    .tensor_elem = (uint64_t)e,
                     .n = (uint32_t)(td->numel - e < JOURNAL_BLOCK ? td->numel - e : JOURNAL_BLOCK),
+                    .tensor = (uint32_t)ti,
                     .decay = td->decay,
                 };
         }
@@ -595,13 +610,17 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     atomic_store(&o->slot->pid, (int32_t)getpid());
     set_phase(o, PHASE_STARTING);
     o->threads = h->plan.optim_threads;
+    o->bf16_state = h->job.optimizer_state == OPTIM_STATE_BF16;
+    o->state_size = ctl_state_size(h->job.optimizer_state);
+    o->m_bytes = o->bf16_state ? (char *)o->shm.exp_avg16 : (char *)o->shm.exp_avg;
+    o->v_bytes = o->bf16_state ? (char *)o->shm.exp_avg_sq16 : (char *)o->shm.exp_avg_sq;
     for (int t = 0; t < o->threads; t++) {
         struct lane *l = &o->lanes[t];
         l->journal = ctl_journal(h, o->index, t);
         l->stage_p = job_staging(&o->shm, o->index, t);
         l->stage_m = l->stage_p + JOURNAL_BLOCK;
-        l->stage_v = l->stage_m + JOURNAL_BLOCK;
-        l->stage_p16 = (uint16_t *)(l->stage_v + JOURNAL_BLOCK);
+        l->stage_v = (char *)l->stage_m + JOURNAL_BLOCK * o->state_size;
+        l->stage_p16 = (uint16_t *)((char *)l->stage_v + JOURNAL_BLOCK * o->state_size);
         if (o->shm.grad_acc16 && !(l->grad32 = aligned_alloc(64, JOURNAL_BLOCK * sizeof(float))))
             return sd_err("optimizer: out of memory");
     }

@@ -150,7 +150,7 @@ static void *par_thread(void *arg)
             adamw_update_to(j->isa, &st, j->a + i, j->b + i, j->c + i, j->d + i, stage, stage + STAGE_BLOCK,
                             stage + 2 * STAGE_BLOCK, stage16, k);
             adamw_store_staged(j->a + i, j->b + i, j->c + i, j->p16 + i, stage, stage + STAGE_BLOCK,
-                               stage + 2 * STAGE_BLOCK, stage16, k);
+                               stage + 2 * STAGE_BLOCK, stage16, k, sizeof(float));
         }
     j->end[pa->index] = now_s();
     free(stage);

@@ -267,7 +267,8 @@ void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host
     /* updating during the backward keeps the previous version of each chunk for a worker that
      * redoes the step after a crash */
     out->params16 = lay->total_numel * 2 * (p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1);
-    out->master = lay->total_numel * 12;
+    /* fp32 master, m and v (fp32, or bf16 with [train] optimizer_state = bf16) */
+    out->master = lay->total_numel * (4 + 2 * (int64_t)ctl_state_size(mc->job->optimizer_state));
     /* the accumulator (fp32, or bf16 when gradients cross in bf16), and the slots unless gradients
      * go straight into it */
     out->grads = lay->total_numel * (plan_grads_bf16(p, mc->job) ? 2 : 4);
@@ -276,7 +277,9 @@ void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host
     out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
                (int64_t)lay->num_chunks * ((int64_t)sizeof(struct chunk_desc) + 256) +
                (int64_t)G * p->optim_procs * (int64_t)sizeof(struct ring) +
-               (int64_t)p->optim_procs * p->optim_threads * 112 * 1024 + ((int64_t)1 << 20);
+               (int64_t)p->optim_procs * p->optim_threads *
+                   (int64_t)ctl_staging_lane_bytes(ctl_state_size(mc->job->optimizer_state)) +
+               ((int64_t)1 << 20);
     out->workers = mc->job->device == DEVICE_CPU ? G * gpu_bytes : 0;
     out->total = out->params16 + out->master + out->grads + out->ctl + out->workers;
 }
@@ -303,7 +306,7 @@ struct sim {
     bool sharded;   /* sharded parameters: each fill is a host-synchronised exchange */
     int sends;      /* gradient posts per chunk and rank per step (1 when the micro-steps sum on the device) */
     bool bf16_grads; /* gradients cross in bf16 (plan_grads_bf16) */
-    double sumsq_bytes, update_bytes; /* optimizer bytes per parameter, less with bf16 gradients */
+    double sumsq_bytes, update_bytes; /* optimizer bytes per parameter, less with bf16 gradients or state */
     int nc, hc, G, A, K, S;
     double wake;
     /* per chunk, seconds */
@@ -571,6 +574,7 @@ static double finish_step(struct sim *s)
 #define SUMSQ_BYTES 4.0 /* the direct route's reduction only squares the accumulator */
 #define UPDATE_BYTES 30.0
 #define BF16_GRAD_SAVING 2.0 /* bytes per parameter less to read with a bf16 accumulator */
+#define BF16_STATE_SAVING 8.0 /* with bf16 m and v: 2 bytes less of each to read and to write */
 
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
 struct rates {
@@ -626,7 +630,10 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         .sends = p->accumulate_on_device || gpu_grads ? 1 : A,
         .bf16_grads = bf16_grads,
         .sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
-        .update_bytes = bf16_grads ? UPDATE_BYTES - BF16_GRAD_SAVING : UPDATE_BYTES,
+        /* m and v in bf16: 8 bytes less. The update is priced as bound by host memory (the
+         * calibrated AdamW rate, fp32 state, scaled by the bytes it moves). */
+        .update_bytes = UPDATE_BYTES - (bf16_grads ? BF16_GRAD_SAVING : 0) -
+                        (job->optimizer_state == OPTIM_STATE_BF16 ? BF16_STATE_SAVING : 0),
         .nc = nc,
         .hc = nc - 1,
         .G = G,

@@ -69,7 +69,7 @@ struct gpu_mem_pred {
  * workers' "device" memory). */
 struct host_mem_pred {
     int64_t params16;  /* bf16 compute copy (two copies when updating during the backward) */
-    int64_t master;    /* fp32 master, m and v: 12 B/param */
+    int64_t master;    /* fp32 master, m and v: 12 B/param (8 with bf16 m and v) */
     int64_t grads;     /* the fp32 accumulator (4 B/param), plus ranks x slots x largest chunk x 4 B
                         * unless gradients go straight into it (plan_grads_direct) */
     int64_t ctl;       /* tables, rings, step records, optimizer staging */

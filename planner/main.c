@@ -172,6 +172,23 @@ static void print_text_host_memory(const struct report *r)
                in->host_fits ? "fits"
                              : cpu ? "DOES NOT FIT; the job cannot run on this host (planned for the workers alone)"
                                    : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
+    printf("  %.2f bytes per parameter with [train] optimizer_state = %s", h->total / r->num_params,
+           optimizer_state_name(r->job->optimizer_state));
+    int other = !r->job->optimizer_state;
+    printf("; %.2f with %s\n", in->state_modes[other].bytes_per_param, optimizer_state_name(other));
+    if (in->host_available > 0) {
+        printf("  largest model of this shape on this host (the job's layers, more or fewer; %d now):\n",
+               r->cfg->num_layers);
+        for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+            const struct plan_state_mode *m = &in->state_modes[st];
+            bool large_b = m->largest_params >= 1e9;
+            printf("    %s state: %s%d layer%s, %.2f%s params, %s (%.2f bytes per parameter)\n", optimizer_state_name(st),
+                   m->largest_capped ? "at least " : "", m->largest_layers, m->largest_layers == 1 ? "" : "s",
+                   (double)m->largest_params / (large_b ? 1e9 : 1e6), large_b ? "B" : "M",
+                   sz((double)m->largest_host_bytes),
+                   m->largest_params > 0 ? (double)m->largest_host_bytes / (double)m->largest_params : 0.0);
+        }
+    }
 }
 
 static void print_text_whatifs(const struct report *r)
@@ -381,8 +398,9 @@ static cJSON *routes_json(const struct report *r)
     return rj;
 }
 
-static cJSON *host_memory_json(const struct plan_info *in)
+static cJSON *host_memory_json(const struct report *r)
 {
+    const struct plan_info *in = r->info;
     cJSON *h = cJSON_CreateObject();
     cJSON_AddNumberToObject(h, "total", (double)in->host.total);
     cJSON_AddNumberToObject(h, "params16", (double)in->host.params16);
@@ -392,6 +410,20 @@ static cJSON *host_memory_json(const struct plan_info *in)
     cJSON_AddNumberToObject(h, "workers", (double)in->host.workers);
     cJSON_AddNumberToObject(h, "available", (double)in->host_available);
     cJSON_AddBoolToObject(h, "fits", in->host_fits);
+    cJSON_AddStringToObject(h, "optimizer_state", optimizer_state_name(r->job->optimizer_state));
+    cJSON_AddNumberToObject(h, "bytes_per_param", (double)in->host.total / r->num_params);
+    cJSON *modes = cJSON_AddObjectToObject(h, "modes");
+    for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+        const struct plan_state_mode *m = &in->state_modes[st];
+        cJSON *mj = cJSON_AddObjectToObject(modes, optimizer_state_name(st));
+        cJSON_AddNumberToObject(mj, "total", (double)m->host_bytes);
+        cJSON_AddNumberToObject(mj, "bytes_per_param", m->bytes_per_param);
+        cJSON *lj = cJSON_AddObjectToObject(mj, "largest_model");
+        cJSON_AddNumberToObject(lj, "layers", m->largest_layers);
+        cJSON_AddBoolToObject(lj, "capped", m->largest_capped);
+        cJSON_AddNumberToObject(lj, "params", (double)m->largest_params);
+        cJSON_AddNumberToObject(lj, "host_bytes", (double)m->largest_host_bytes);
+    }
     return h;
 }
 
@@ -452,7 +484,7 @@ static void print_json(const struct report *r)
     cJSON_AddItemToObject(o, "gpu_memory", gpu_memory_json(r));
     cJSON_AddItemToObject(o, "topology", topology_json(r));
     cJSON_AddItemToObject(o, "routes", routes_json(r));
-    cJSON_AddItemToObject(o, "host_memory", host_memory_json(r->info));
+    cJSON_AddItemToObject(o, "host_memory", host_memory_json(r));
     cJSON_AddItemToObject(o, "not_implemented", whatifs_json(r->info, true));
     cJSON_AddItemToObject(o, "calibration", calibration_json(r->cal));
     print_cjson(o);

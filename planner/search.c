@@ -399,6 +399,65 @@ static void add_whatif(struct search *S, struct plan_info *info, const char *wha
     cand_layout_free(&cl);
 }
 
+/* Host memory of the job's model with L decoder layers under optimizer state st, on plan p with
+ * its first `kept` layers keeping their activations; the model's parameters in *params. -1 when
+ * its layout cannot be built. */
+static int64_t host_bytes_with(const struct search *S, const struct plan *p, int kept, int L, enum optimizer_state st,
+                               int64_t *params)
+{
+    struct model_config cfg = *S->cfg;
+    cfg.num_layers = L;
+    struct job_config job = *S->job;
+    job.optimizer_state = st;
+    struct plan q = *p;
+    q.layers_per_chunk = imin(p->layers_per_chunk, L);
+    kept = imin(kept, L);
+    for (int l = 0; l < L; l++)
+        q.keep_acts[l] = l < kept;
+    struct cand_layout cl;
+    if (cand_layout_build(&cfg, q.layers_per_chunk, &cl) != 0)
+        return -1;
+    plan_assign_owners(&cl.lay, q.optim_procs, cl.owner);
+    struct cost_case mc = {.job = &job, .cfg = &cfg, .lay = &cl.lay, .plan = &q, .owner = cl.owner, .cal = S->cal,
+                            .host_cpus = S->host_cpus};
+    struct gpu_mem_pred g;
+    struct host_mem_pred h;
+    cost_gpu_memory(&mc, kept, &g);
+    cost_host_memory(&mc, g.total, &h);
+    cand_layout_free(&cl);
+    *params = model_config_num_params(&cfg);
+    return h.total;
+}
+
+/* The job's host memory under each optimizer state, and the most layers that fit this host's
+ * available memory (host memory grows with the layers, so a bisection finds it). */
+static void report_state_modes(const struct search *S, const struct plan *p, int kept, struct plan_info *info)
+{
+    for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+        struct plan_state_mode *m = &info->state_modes[st];
+        int64_t params;
+        m->host_bytes = host_bytes_with(S, p, kept, S->cfg->num_layers, st, &params);
+        m->bytes_per_param = (double)m->host_bytes / (double)params;
+        m->largest_layers = -1;
+        if (S->host_avail <= 0)
+            continue;
+        int lo = 0, hi = PLAN_MAX_LAYERS + 1; /* lo layers fit (0: trivially), hi do not */
+        int64_t lo_bytes = 0, lo_params = 0;
+        while (hi - lo > 1) {
+            int mid = lo + (hi - lo) / 2;
+            int64_t mid_params, bytes = host_bytes_with(S, p, kept, mid, st, &mid_params);
+            if (bytes >= 0 && bytes <= S->host_avail)
+                lo = mid, lo_bytes = bytes, lo_params = mid_params;
+            else
+                hi = mid;
+        }
+        m->largest_layers = lo;
+        m->largest_capped = lo == PLAN_MAX_LAYERS;
+        m->largest_params = lo_params;
+        m->largest_host_bytes = lo_bytes;
+    }
+}
+
 /* ---- routes ---- */
 
 /* The route combinations a job may take, and why. */
@@ -653,6 +712,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         report_routes(info, &routes, options, true);
         if (!cpu)
             add_whatif(&S, info, "recomputed layers' inputs offloaded to host", true);
+        report_state_modes(&S, plan, S.best_kept, info);
     }
     return 0;
 }

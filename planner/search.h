@@ -37,6 +37,21 @@ struct plan_route_option {
 
 #define PLAN_MAX_ROUTES 4
 
+/* Host memory of the job under one [train] optimizer_state, on the chosen plan's choices; and the
+ * largest model of the job's shape that fits this host: the job's model with as many decoder
+ * layers as fit (hidden size, heads, MLP and vocabulary unchanged), each layer priced with the
+ * chosen plan's choices (chunking, update mode, gradient route and dtype, slots, optimizer
+ * processes). Layers are the one dimension a family's larger configs do not also change in shape,
+ * and the unit the workers stream, so the GPU budget does not bound the count. */
+struct plan_state_mode {
+    int64_t host_bytes;       /* this job */
+    double bytes_per_param;   /* host_bytes over the model's parameters */
+    int largest_layers;       /* 0: not even one layer fits; -1: the host's memory is unknown */
+    bool largest_capped;      /* PLAN_MAX_LAYERS layers fit: the largest may be larger */
+    int64_t largest_params;
+    int64_t largest_host_bytes;
+};
+
 /* What slidedp-plan reports beside the plan. */
 struct plan_info {
     struct step_pred pred;
@@ -55,6 +70,7 @@ struct plan_info {
     int num_routes;         /* route combinations searched, in the order tried */
     struct plan_route_option routes[PLAN_MAX_ROUTES];
     char route_reason[256]; /* why these routes: forced, one GPU, no P2P, fastest, ... */
+    struct plan_state_mode state_modes[2]; /* by enum optimizer_state */
 };
 
 /* Fills plan with the fastest plan that fits runtime.gpu_mem (auto: the calibrated device memory

@@ -35,7 +35,8 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
                       int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, uint64_t window_shm_bytes, struct ctl_sizes *out)
+                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes,
+                      struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
     if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
@@ -54,9 +55,12 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
               place(&c, &out->off_xchg, (uint64_t)gpus, sizeof(struct xchg_rank));
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
-    uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2) * 4;
+    uint64_t state_size = ctl_state_size(state);
+    uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * ctl_staging_lane_bytes(state_size);
+    /* master (fp32), m and v, and the fp32 accumulator unless it heads the grads region */
+    uint64_t master_per_param = 4 + 2 * state_size + (grads_direct ? 0 : 4);
     ok = ok && mul_ok((uint64_t)total_numel, keep_prev ? 4 : 2, &out->params16_bytes) &&
-         mul_ok((uint64_t)total_numel, grads_direct ? 12 : 16, &out->master_bytes) &&
+         mul_ok((uint64_t)total_numel, master_per_param, &out->master_bytes) &&
          add_ok(&out->master_bytes, staging) &&
          (grads_direct ? (grads_elems = (uint64_t)total_numel, true)
                        : mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems)) &&
@@ -195,12 +199,7 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
         ctl_region_name(job_name, "master", name, sizeof name);
         if (shm_region_attach(&regs[2], name, true) != 0)
             goto fail;
-        size_t n = (size_t)s->ctl->total_numel;
-        s->master = regs[2].base;
-        s->exp_avg = s->master + n;
-        s->exp_avg_sq = s->master + 2 * n;
-        s->grad_acc = s->ctl->grads_direct ? NULL : s->master + 3 * n;
-        s->staging = s->master + (s->ctl->grads_direct ? 3 : 4) * n;
+        job_shm_master_views(s, regs[2].base, s->ctl->total_numel, s->ctl->grads_direct, s->ctl->job.optimizer_state);
     }
     if (what & JOB_MAP_GRADS) {
         ctl_region_name(job_name, "grads", name, sizeof name);
@@ -216,6 +215,28 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
 fail:
     job_shm_detach(s);
     return -1;
+}
+
+void job_shm_master_views(struct job_shm *s, void *base, int64_t total_numel, bool grads_direct,
+                          enum optimizer_state state)
+{
+    size_t n = (size_t)total_numel;
+    s->master = base;
+    char *next = (char *)(s->master + n);
+    if (state == OPTIM_STATE_BF16) {
+        s->exp_avg16 = (uint16_t *)next;
+        s->exp_avg_sq16 = s->exp_avg16 + n;
+        next = (char *)(s->exp_avg_sq16 + n);
+    } else {
+        s->exp_avg = (float *)next;
+        s->exp_avg_sq = s->exp_avg + n;
+        next = (char *)(s->exp_avg_sq + n);
+    }
+    if (!grads_direct) {
+        s->grad_acc = (float *)next;
+        next += n * sizeof(float);
+    }
+    s->staging = next;
 }
 
 void job_shm_detach(struct job_shm *s)

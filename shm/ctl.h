@@ -21,7 +21,7 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 5
+#define CTL_VERSION 6
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -139,6 +139,19 @@ struct journal {
     uint64_t n;
 };
 
+/* Bytes per element of Adam's m and of v on the host: fp32, or bf16 ([train] optimizer_state). */
+static inline size_t ctl_state_size(enum optimizer_state st)
+{
+    return st == OPTIM_STATE_BF16 ? 2 : 4;
+}
+
+/* One optimizer thread's staging block: a journal block of p (fp32), m and v (state_size bytes
+ * each), then p16. A reduction stages its fp32 block where p goes. */
+static inline uint64_t ctl_staging_lane_bytes(size_t state_size)
+{
+    return (uint64_t)JOURNAL_BLOCK * (4 + 2 * state_size + 2);
+}
+
 /* Host gradient slot states (per rank, per slot): (fill sequence << 2) | state. The sequence
  * lets an optimizer free exactly the fill it consumed (compare-and-swap), never a later reuse. */
 enum { SLOT_FREE = 0, SLOT_WRITING = 1, SLOT_POSTED = 2 };
@@ -251,7 +264,7 @@ struct ctl_sizes {
 };
 /* keep_prev: params16 gets a second copy (versions by parity) for updates during the backward. grads_direct: the
  * gradient accumulator moves from the master region to the head of the grads region, in place of
- * the slots; grads_bf16: it holds bf16. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
+ * the slots; grads_bf16: it holds bf16. state: the dtype of Adam's m and v. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
  * 0 for none. */
 /* Frees the host gradient slots of a dead worker that no descriptor refers to: slots it was
  * filling, and filled slots whose descriptor never reached a ring. Call only after the rank's
@@ -260,7 +273,8 @@ void ctl_repair_slots(struct ctl_header *h, int rank);
 
 int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
                       int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, uint64_t window_shm_bytes, struct ctl_sizes *out);
+                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes,
+                      struct ctl_sizes *out);
 
 /* One rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk in fp32 (GPU-side
  * gradients), then XCHG_SLOTS parameter-shard slots of weight_size-byte elements (sharded
@@ -355,8 +369,9 @@ struct job_shm {
     struct ctl_header *ctl;
     uint16_t *params16;                              /* both copies with keep_prev: see job_params16_of */
     float *master, *exp_avg, *exp_avg_sq, *grad_acc; /* each total_numel; grad_acc in grads if grads_direct */
+    uint16_t *exp_avg16, *exp_avg_sq16;              /* in place of m and v (those NULL) with bf16 state */
     uint16_t *grad_acc16;                           /* in its place (grad_acc NULL) when grads_bf16 */
-    float *staging;                                  /* per optimizer thread: JOURNAL_BLOCK x (3 fp32 + 1 bf16) */
+    void *staging;                                   /* per optimizer thread: ctl_staging_lane_bytes */
     float *grads;                                    /* the accumulator or gpus * grad_slots * max_chunk_numel */
     void *regions[4];                                /* internal: struct shm_region per object */
 };
@@ -365,6 +380,10 @@ enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MA
 /* Attaches a running job's objects; ctl writable unless ctl_read_only (monitors). */
 int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only);
 void job_shm_detach(struct job_shm *s);
+/* Points the views into the master region at base: master, then m and v (fp32 or bf16), then the
+ * fp32 accumulator unless grads_direct, then the optimizers' staging blocks. */
+void job_shm_master_views(struct job_shm *s, void *base, int64_t total_numel, bool grads_direct,
+                          enum optimizer_state state);
 
 /* Where version v of the bf16 weights is: with keep_prev the versions alternate between two copies
  * by parity, so a worker redoing step v+1 still reads version v while the optimizers write v+1 (and
@@ -374,11 +393,11 @@ static inline uint16_t *job_params16_of(const struct job_shm *s, uint32_t v)
     return s->params16 + (s->ctl->keep_prev && (v & 1) ? (size_t)s->ctl->total_numel : 0);
 }
 
-/* The staging block of thread t of optimizer k in the master region: p, m, v (fp32), then p16. */
-static inline float *job_staging(struct job_shm *s, int optim, int thread)
+/* The staging block of thread t of optimizer k in the master region (ctl_staging_lane_bytes). */
+static inline void *job_staging(struct job_shm *s, int optim, int thread)
 {
     size_t lane = (size_t)optim * (size_t)s->ctl->plan.optim_threads + (size_t)thread;
-    return s->staging + lane * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2);
+    return (char *)s->staging + lane * ctl_staging_lane_bytes(ctl_state_size(s->ctl->job.optimizer_state));
 }
 
 /* Rank r's exchange window in the grads region (CPU backend), after the accumulator or every rank's

@@ -1,6 +1,8 @@
 /* AdamW: the scalar path against a double-precision transcription of torch.optim.AdamW's update,
  * the vector paths bit-identical to the scalar path, bf16 rounding (ties, NaN), and a sum of
- * squares that does not depend on how the work is split. */
+ * squares that does not depend on how the work is split. With bf16 state: the update equals the
+ * fp32 one on the widened state, m and v rounded stochastically with the documented draws, the same
+ * bits on every ISA and split, and unbiased where round to nearest would freeze v. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -8,6 +10,7 @@
 #include <string.h>
 
 #include "common/bf16.h"
+#include "common/rng.h"
 #include "optimizer/adamw.h"
 
 #define N 1003 /* odd, so every vector path runs its scalar tail */
@@ -149,6 +152,138 @@ static void test_sumsq_split_invariant(void **state)
     free(acc);
 }
 
+/* bf16 state, one update on every ISA: returns in out the p, m, v, p16 arrays (floats then three
+ * uint16 arrays). */
+struct bf16_case {
+    float p[N], g[N], po[N];
+    uint16_t m[N], v[N], mo[N], vo[N], p16[N];
+};
+
+static void bf16_case_fill(struct bf16_case *c, uint64_t *seed)
+{
+    float tmp[N];
+    fill(c->p, N, seed, -1, 1);
+    fill(c->g, N, seed, -1, 1);
+    fill(tmp, N, seed, -0.1f, 0.1f);
+    f32_to_bf16_n(c->m, tmp, N);
+    fill(tmp, N, seed, 0, 0.01f);
+    f32_to_bf16_n(c->v, tmp, N);
+    c->p[5] = NAN;      /* a NaN weight stays NaN in p16 */
+    c->g[9] = 1e30f;    /* huge gradient: v overflows to inf, stored as inf */
+    c->g[11] = NAN;     /* NaN gradient: m and v become NaN, stored quiet */
+}
+
+static const struct adamw_step bf16_step = {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                            .weight_decay = 0.01f, .grad_scale = 0.25f, .step = 3,
+                                            .round_key = 0x1234567890abcdefull, .round_first = 77};
+
+/* The fp32 update of the widened state gives the same p and p16; the stored m and v are the fp32
+ * results plus the documented draw (SplitMix64 stepped from the key, independent of the kernel's
+ * direct indexing) truncated, so each lies on one of the two bf16 neighbours. */
+static void test_bf16_state_against_fp32(void **state)
+{
+    uint64_t seed = tu_seed("adamw bf16 state", 11);
+    static struct bf16_case c;
+    bf16_case_fill(&c, &seed);
+    float m32[N], v32[N], p32[N];
+    uint16_t p16_32[N];
+    bf16_to_f32_n(m32, c.m, N);
+    bf16_to_f32_n(v32, c.v, N);
+    adamw_update_to(ADAMW_SCALAR, &bf16_step, c.p, m32, v32, c.g, p32, m32, v32, p16_32, N);
+    adamw_update_bf16_to(ADAMW_SCALAR, &bf16_step, c.p, c.m, c.v, c.g, c.po, c.mo, c.vo, c.p16, N);
+    assert_memory_equal(c.po, p32, sizeof p32);
+    assert_memory_equal(c.p16, p16_32, sizeof p16_32);
+    uint64_t gen = bf16_step.round_key;
+    for (uint64_t k = 0; k < bf16_step.round_first; k++)
+        splitmix64(&gen);
+    int up = 0;
+    for (int i = 0; i < N; i++) {
+        uint32_t r = (uint32_t)splitmix64(&gen), mb, vb;
+        memcpy(&mb, &m32[i], 4);
+        memcpy(&vb, &v32[i], 4);
+        if (isnan(m32[i])) {
+            assert_int_equal(i, 11);
+            assert_true((c.mo[i] & 0x7f80) == 0x7f80 && (c.mo[i] & 0x40) && (c.vo[i] & 0x40));
+            continue;
+        }
+        assert_int_equal(c.mo[i], (uint16_t)((mb + (r & 0xffff)) >> 16));
+        assert_int_equal(c.vo[i], (uint16_t)((vb + (r >> 16)) >> 16));
+        up += c.mo[i] != (uint16_t)(mb >> 16);
+    }
+    assert_int_equal(c.vo[9], 0x7f80); /* inf stays inf */
+    assert_true((c.p16[5] & 0x7f80) == 0x7f80 && (c.p16[5] & 0x7f));
+    printf("# %d of %d m values rounded away from zero\n", up, N);
+    assert_true(up > N / 4 && up < 3 * N / 4); /* uniform fraction of an ulp: about half */
+}
+
+/* Every ISA, and any split of the array (with round_first following it), gives the same bits. */
+static void test_bf16_state_isa_and_split(void **state)
+{
+    uint64_t seed = tu_seed("adamw bf16 isa", 13);
+    static struct bf16_case base, out[3];
+    bf16_case_fill(&base, &seed);
+    enum adamw_isa best = adamw_isa_detect();
+    for (int isa = 0; isa <= (int)best; isa++) {
+        out[isa] = base;
+        /* in place, as the optimizer may alias: split at an odd point so both pieces have tails */
+        struct adamw_step st = bf16_step;
+        size_t cut = 517;
+        struct bf16_case *o = &out[isa];
+        adamw_update_bf16_to((enum adamw_isa)isa, &st, o->p, o->m, o->v, o->g, o->po, o->mo, o->vo, o->p16, cut);
+        st.round_first += cut;
+        adamw_update_bf16_to((enum adamw_isa)isa, &st, o->p + cut, o->m + cut, o->v + cut, o->g + cut, o->po + cut,
+                             o->mo + cut, o->vo + cut, o->p16 + cut, N - cut);
+    }
+    static struct bf16_case whole;
+    whole = base;
+    adamw_update_bf16_to(ADAMW_SCALAR, &bf16_step, whole.p, whole.m, whole.v, whole.g, whole.po, whole.mo, whole.vo,
+                         whole.p16, N);
+    for (int isa = 0; isa <= (int)best; isa++) {
+        printf("# %s: bf16 state bit-identical to the scalar path in one piece\n", adamw_isa_name((enum adamw_isa)isa));
+        assert_memory_equal(out[isa].po, whole.po, sizeof whole.po);
+        assert_memory_equal(out[isa].mo, whole.mo, sizeof whole.mo);
+        assert_memory_equal(out[isa].vo, whole.vo, sizeof whole.vo);
+        assert_memory_equal(out[isa].p16, whole.p16, sizeof whole.p16);
+    }
+    /* another key rounds differently */
+    struct adamw_step other = bf16_step;
+    other.round_key = adamw_round_key(7, 3, 1);
+    assert_true(other.round_key != adamw_round_key(7, 3, 2) && other.round_key != adamw_round_key(7, 4, 1) &&
+                other.round_key != adamw_round_key(8, 3, 1));
+    static struct bf16_case again;
+    again = base;
+    adamw_update_bf16_to(ADAMW_SCALAR, &other, again.p, again.m, again.v, again.g, again.po, again.mo, again.vo,
+                         again.p16, N);
+    assert_memory_not_equal(again.mo, whole.mo, sizeof whole.mo);
+}
+
+/* Why stochastic rounding: with beta2 = 0.999 and no gradient, v decays by 0.1% a step, less than
+ * half a bf16 ulp (0.39%): rounded to nearest it stays 1.0 forever. Rounded stochastically its
+ * mean over many elements follows 0.999^s. */
+static void test_bf16_state_unbiased(void **state)
+{
+    enum { M = 1 << 16, STEPS = 50 };
+    uint16_t *m = malloc(M * 2), *v = malloc(M * 2), *p16 = malloc(M * 2);
+    float *p = calloc(M, 4), *g = calloc(M, 4);
+    for (int i = 0; i < M; i++)
+        m[i] = 0, v[i] = f32_to_bf16(1.0f);
+    struct adamw_step st = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_scale = 1.0f};
+    for (int s = 1; s <= STEPS; s++) {
+        st.step = s;
+        st.round_key = adamw_round_key(1234, (uint32_t)s, 0);
+        adamw_update_bf16_to(adamw_isa_detect(), &st, p, m, v, g, p, m, v, p16, M);
+    }
+    double mean = 0;
+    for (int i = 0; i < M; i++)
+        mean += bf16_to_f32(v[i]);
+    mean /= M;
+    double exact = pow(0.999, STEPS);
+    printf("# v after %d steps of decay: mean %.6f, exact %.6f, round to nearest 1.0\n", STEPS, mean, exact);
+    assert_true(fabs(f32_round_bf16(0.999f) - 1.0f) == 0.0f);
+    assert_true(fabs(mean - exact) < 2e-4);
+    free(m), free(v), free(p16), free(p), free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -156,6 +291,9 @@ int main(void)
         cmocka_unit_test(test_isa_bit_identical),
         cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_sumsq_split_invariant),
+        cmocka_unit_test(test_bf16_state_against_fp32),
+        cmocka_unit_test(test_bf16_state_isa_and_split),
+        cmocka_unit_test(test_bf16_state_unbiased),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,6 +56,7 @@ static const char *full_ini = "; every contract key\n"
                               "eps = 1e-6\n"
                               "grad_clip = 0\n"
                               "seed = 18446744073709551615\n"
+                              "optimizer_state = bf16\n"
                               "[checkpoint]\n"
                               "dir = out/ckpt\n"
                               "every = 25\n"
@@ -96,6 +97,7 @@ static void test_all_keys(void **state)
     assert_float_equal(job.eps, 1e-6, 1e-15);
     assert_float_equal(job.grad_clip, 0, 0);
     assert_true(job.seed == 18446744073709551615ull);
+    assert_int_equal(job.optimizer_state, OPTIM_STATE_BF16);
     snprintf(want, sizeof want, "%s/out/ckpt", dir);
     assert_string_equal(job.ckpt_dir, want);
     assert_int_equal(job.ckpt_every, 25);
@@ -124,6 +126,7 @@ static void test_defaults_and_overrides(void **state)
     assert_float_equal(job.beta2, 0.95, 1e-12);
     assert_float_equal(job.grad_clip, 1.0, 0);
     assert_true(job.seed == 1234);
+    assert_int_equal(job.optimizer_state, OPTIM_STATE_FP32);
     assert_int_equal(job.ckpt_keep, 2);
     assert_true(job.resume_auto);
     assert_int_equal(job.device, DEVICE_CUDA);

@@ -1,8 +1,9 @@
 /* The planner's model and search against numbers worked out by hand: FLOPs of a layer, weight and
  * gradient bytes per step for a chunk cache depth and for the peer routes, device and host memory
  * of a small config, the switch to recomputing layers as gpu_mem shrinks, the "nothing fits" error
- * with the smallest budget, job.ini choices honoured, and the routes chosen for simulated 4-GPU
- * hosts with and without P2P. A fixed calibration, so no timing is involved. */
+ * with the smallest budget, job.ini choices honoured, the routes chosen for simulated 4-GPU
+ * hosts with and without P2P, and the Qwen3-8B shape's host bytes per parameter and largest fitting
+ * model in both optimizer_state modes. A fixed calibration, so no timing is involved. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -34,10 +35,17 @@ static struct calib test_calib(void)
     return c;
 }
 
+static struct model_config config_of(const char *json, const char *name)
+{
+    struct model_config c;
+    if (model_config_parse(json, name, &c) != 0)
+        fail_msg("%s", sd_errmsg());
+    return c;
+}
+
 /* C=64, I=192, 4 query heads and 2 KV heads of 16, vocab 32, tied, qk_norm (examples/tiny-qwen3 with L layers) */
 static struct model_config tiny(int layers)
 {
-    struct model_config c;
     char json[1024];
     snprintf(json, sizeof json,
              "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":32,\"hidden_size\":64,"
@@ -45,23 +53,18 @@ static struct model_config tiny(int layers)
              "\"head_dim\":16,\"max_position_embeddings\":64,\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0,"
              "\"tie_word_embeddings\":true}",
              layers);
-    if (model_config_parse(json, "tiny", &c) != 0)
-        fail_msg("%s", sd_errmsg());
-    return c;
+    return config_of(json, "tiny");
 }
 
 /* A 1B-ish shape whose activations matter at 4 x 1024 tokens. */
 static struct model_config medium(void)
 {
-    struct model_config c;
-    const char *json =
+    return config_of(
         "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":32000,\"hidden_size\":1024,"
         "\"intermediate_size\":4096,\"num_hidden_layers\":8,\"num_attention_heads\":16,\"num_key_value_heads\":8,"
         "\"head_dim\":64,\"max_position_embeddings\":4096,\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0,"
-        "\"tie_word_embeddings\":false}";
-    if (model_config_parse(json, "medium", &c) != 0)
-        fail_msg("%s", sd_errmsg());
-    return c;
+        "\"tie_word_embeddings\":false}",
+        "medium");
 }
 
 static struct job_config job_of(int device, int gpus, int mb, int T, int accum)
@@ -334,6 +337,70 @@ static int kept_of(const struct plan *p, int L)
     for (int l = 0; l < L; l++)
         k += p->keep_acts[l];
     return k;
+}
+
+/* The Qwen3-8B shape (config.json of Qwen/Qwen3-8B; examples/qwen3-8b) on one GPU with bf16 gradients,
+ * as the byte targets of issue 19 price it: host bytes per parameter in both optimizer_state modes,
+ * with clipping (updates after the backward, one bf16 copy) and without (during the backward, two),
+ * and the largest model of its shape (more layers) that fits a 120 GiB host in each mode. */
+static void test_host_bytes_per_param_qwen3_8b(void **state)
+{
+    struct model_config cfg = config_of(
+        "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":151936,"
+        "\"hidden_size\":4096,\"intermediate_size\":12288,\"num_hidden_layers\":36,\"num_attention_heads\":32,"
+        "\"num_key_value_heads\":8,\"head_dim\":128,\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-6,"
+        "\"rope_theta\":1000000,\"tie_word_embeddings\":false}",
+        "qwen3-8b");
+    /* by hand: q, o 4096x4096; k, v 1024x4096; gate, up, down 12288x4096; two norms of 4096 and
+     * q_norm, k_norm of 128; embedding and LM head 151936x4096 each, the final norm */
+    int64_t per_layer = 2 * 4096LL * 4096 + 2 * 1024LL * 4096 + 3 * 12288LL * 4096 + 2 * 4096 + 2 * 128;
+    int64_t outside = 2 * 151936LL * 4096 + 4096;
+    int64_t params = outside + 36 * per_layer;
+    assert_int_equal(model_config_num_params(&cfg), params);
+    printf("# Qwen3-8B shape: %lld params, %lld per layer\n", (long long)params, (long long)per_layer);
+    struct calib cal = test_calib();
+    cal.mem_available = (int64_t)120 << 30;
+    struct job_config job = job_of(DEVICE_CUDA, 1, 2, 4096, 1);
+    job.grad_dtype = GRAD_BF16;
+    /* params16 2 (4 with both parities), master 4, m and v 4 + 4 or 2 + 2, the bf16 accumulator 2 */
+    static const double expect[2][2] = {{16, 12}, {18, 14}}; /* [no clipping][optimizer_state] */
+    for (int no_clip = 0; no_clip < 2; no_clip++) {
+        double optim_bytes[2];
+        for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+            job.grad_clip = no_clip ? 0 : 1.0;
+            job.update_mode = no_clip ? UPDATE_DURING_BACKWARD : UPDATE_AUTO;
+            job.optimizer_state = (enum optimizer_state)st;
+            struct plan p;
+            struct plan_info info;
+            assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
+            double bpp = (double)info.host.total / (double)params;
+            printf("# %s, optimizer_state %s: %.4f host bytes per parameter; largest fitting %d layers (fp32 "
+                   "state) and %d (bf16 state)\n",
+                   no_clip ? "no clipping" : "clipping", st ? "bf16" : "fp32", bpp,
+                   info.state_modes[0].largest_layers, info.state_modes[1].largest_layers);
+            /* layout padding (chunks aligned to 2048 elements) and the ctl region: well under 0.01 */
+            assert_true(bpp >= expect[no_clip][st] && bpp < expect[no_clip][st] + 0.01);
+            assert_true(info.state_modes[st].host_bytes == info.host.total);
+            optim_bytes[st] = info.pred.optim_bytes;
+            for (int m = 0; m < 2; m++) {
+                const struct plan_state_mode *sm = &info.state_modes[m];
+                assert_true(fabs(sm->bytes_per_param - expect[no_clip][m]) < 0.01);
+                /* the largest: its parameters by hand, it fits, and one layer more (at least its
+                 * bytes per parameter times a layer) would not */
+                int L = sm->largest_layers;
+                assert_true(L > 0 && !sm->largest_capped);
+                assert_int_equal(sm->largest_params, outside + L * per_layer);
+                assert_true(sm->largest_host_bytes <= cal.mem_available);
+                assert_true(sm->largest_host_bytes + (int64_t)(expect[no_clip][m] * (double)per_layer) >
+                            cal.mem_available);
+            }
+        }
+        /* the optimizer reads and writes 2 bytes less of m and of v per parameter */
+        double saved = (optim_bytes[0] - optim_bytes[1]) / (double)params;
+        printf("# optimizer bytes per parameter: fp32 state %.3f, bf16 state %.3f\n", optim_bytes[0] / (double)params,
+               optim_bytes[1] / (double)params);
+        assert_true(saved >= 8 && saved < 8.01);
+    }
 }
 
 static void test_recompute_as_memory_shrinks(void **state)
@@ -700,6 +767,7 @@ int main(void)
         cmocka_unit_test(test_bottleneck),
         cmocka_unit_test(test_routes_from_topology),
         cmocka_unit_test(test_route_rules),
+        cmocka_unit_test(test_host_bytes_per_param_qwen3_8b),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,21 +45,11 @@ static int run_job(const char *tag, const char *crash_at, char **log)
                  crash_at ? crash_at : "", crash_at ? " " : "", tu_bin("slidedp-launch"));
 }
 
-static char *read_job_file(const char *tag, const char *rel, size_t *len)
-{
-    char p[1300];
-    snprintf(p, sizeof p, "%s/%s/%s", dir, tag, rel);
-    char *data = tu_read_file(p, len);
-    if (!data)
-        fail_msg("%s: no %s", tag, rel);
-    return data;
-}
-
 /* The losses of every metrics line, and the total bytes per link kind (h2d, d2h, peer) summed over
  * ranks and steps. */
 static int read_metrics(const char *tag, char losses[][32], uint64_t bytes[3])
 {
-    char *text = read_job_file(tag, "log/metrics.jsonl", NULL);
+    char *text = tu_read_job_file(dir, tag, "log/metrics.jsonl", NULL);
     static const char *keys[3] = {"\"h2d_bytes\":[", "\"d2h_bytes\":[", "\"peer_bytes\":["};
     int n = 0;
     bytes[0] = bytes[1] = bytes[2] = 0;
@@ -85,8 +75,8 @@ static int read_metrics(const char *tag, char losses[][32], uint64_t bytes[3])
 static void assert_same_result(const char *tag, const char *ref)
 {
     size_t a_len, b_len;
-    char *a = read_job_file(tag, "ckpt/final/model.safetensors", &a_len);
-    char *b = read_job_file(ref, "ckpt/final/model.safetensors", &b_len);
+    char *a = tu_read_job_file(dir, tag, "ckpt/final/model.safetensors", &a_len);
+    char *b = tu_read_job_file(dir, ref, "ckpt/final/model.safetensors", &b_len);
     if (a_len != b_len || memcmp(a, b, a_len) != 0)
         fail_msg("%s: final weights differ from %s", tag, ref);
     free(a);

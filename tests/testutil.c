@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/rng.h"
+
 static char tmp_paths[8][1024];
 
 void tu_rmrf(const char *path)
@@ -79,6 +81,16 @@ int tu_metrics_values(const char *path, const char *key, double *out, int max)
         out[n++] = strtod(q + strlen(quoted), NULL);
     free(text);
     return n;
+}
+
+char *tu_read_job_file(const char *dir, const char *name, const char *rel, size_t *len)
+{
+    char p[2200];
+    snprintf(p, sizeof p, "%s/%s/%s", dir, name, rel);
+    char *data = tu_read_file(p, len);
+    if (!data)
+        fail_msg("%s: no %s", name, rel);
+    return data;
 }
 
 bool tu_exists(const char *path)
@@ -180,11 +192,7 @@ uint64_t tu_seed(const char *test, uint64_t seed)
 
 float tu_uniform(uint64_t *state)
 {
-    /* splitmix64 */
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+    uint64_t z = splitmix64(state);
     return (float)((z >> 40) * (1.0 / 16777216.0));
 }
 

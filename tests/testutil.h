@@ -19,6 +19,8 @@ void tu_write_file(const char *path, const char *text);
 /* Reads a whole file (NUL-terminated, caller frees); NULL if missing. */
 char *tu_read_file(const char *path, size_t *len);
 bool tu_exists(const char *path);
+/* Reads <dir>/<name>/<rel> as tu_read_file does; fails the test when it cannot be read. */
+char *tu_read_job_file(const char *dir, const char *name, const char *rel, size_t *len);
 /* The numbers after "key": in a metrics.jsonl file, in order (at most max); how many there are.
  * Fails the test when the file cannot be read. */
 int tu_metrics_values(const char *path, const char *key, double *out, int max);

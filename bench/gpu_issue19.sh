@@ -1,0 +1,153 @@
+#!/bin/bash
+# Issue 19 on a GPU host, from the repo root: the Qwen3-8B shape (random init, seq 4096, bf16
+# gradients) at 8k and 64k tokens per step with fp32 optimizer state (clipping, and without) and
+# bf16 state, once in gpu_mem = 24G; the FSDP2 offload peer at 8B; Qwen3-1.7B at 8k with each state.
+# Per run: exit status, median step time, the planner's prediction, peak host memory (the job's
+# /dev/shm objects plus its processes' private RSS, sampled every 0.5 s), peak GPU memory
+# (nvidia-smi, the whole process), and host bytes per parameter. Prints one table; logs in $OUT.
+# Needs .gpudeps/ as gpu_issue4.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
+# ONLY="name ..." runs just those runs; DEADLINE caps the call's seconds; BASE_LAUNCH=path runs the
+# 1.7B exact-mode job also with that slidedp-launch (today's code, built from main) for comparison.
+. bench/gpu_build.sh
+peer=$deps/torch_peer.py
+w=/tmp/issue19
+rm -rf "$w" && mkdir -p "$w"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
+[ "${shm_free:-0}" -lt 120 ] && mount -o remount,size=126G /dev/shm
+log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); $(free -g | grep Mem); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+random_tokens "$w/train.bin" 2000000
+# job MODEL STEPS: $w/job.ini for examples/MODEL, 2 sequences of 4096 per micro-step, clipping,
+# every runtime choice left to the planner
+job() {
+    cat > "$w/job.ini" <<EOF
+[model]
+path = $root/examples/$1
+init = random
+[data]
+train = $w/train.bin
+seq_len = 4096
+[train]
+micro_batch = 2
+steps = $2
+lr = 1e-5
+weight_decay = 0.1
+grad_clip = 1.0
+[checkpoint]
+dir = $w/ckpt
+save_final = false
+[runtime]
+device = cuda
+[log]
+dir = $w/log
+EOF
+}
+deadline=${DEADLINE:-570}
+left() { local l=$((deadline - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+descendants() { local p; for p in $(pgrep -P "$1"); do echo "$p"; descendants "$p"; done; }
+# host bytes now of the job under PID logging to LOG: its shm objects (named in the launcher's
+# "shared state" line) plus its processes' private and file-backed RSS (shm pages count once)
+host_bytes() {
+    local objs shm rss
+    objs=$(grep -o '/dev/shm/slidedp\.[0-9a-f]*\.' "$2" 2>/dev/null | head -1)
+    shm=$([ -n "$objs" ] && du -cb "$objs"* 2>/dev/null | tail -1 | cut -f1)
+    rss=$(for p in $(descendants "$1"); do
+        awk '/^Rss(Anon|File):/ {s += $2} END {print s}' /proc/$p/status 2>/dev/null; done |
+        awk '{s += $1} END {printf "%d", s * 1024}')
+    echo $((${shm:-0} + ${rss:-0}))
+}
+: > "$out/issue19.results"
+# ours NAME SECONDS LAUNCH OVERRIDES...: one job, sampled; a line of JSON in issue19.results
+ours() {
+    wanted "$1" || return 0
+    local name=$1 limit=$(left $2) launch=$3
+    shift 3
+    [ "$limit" -lt 30 ] && { log "$name: skipped (no time left)"; return; }
+    rm -rf "$w/log" "$w/ckpt"
+    "$build/slidedp-plan" "$w/job.ini" "$@" --json > "$out/$name.plan.json" 2> "$out/$name.plan.err"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/${name}_gpu.log" 2>&1 &
+    local smi=$!
+    timeout "$limit" "$launch" "$w/job.ini" "$@" > "$out/$name.log" 2>&1 &
+    local pid=$!
+    ( while kill -0 $pid 2>/dev/null; do host_bytes $pid "$out/$name.log"; sleep 0.5; done ) > "$out/${name}_host.log" &
+    local sampler=$!
+    wait $pid
+    local rc=$?
+    kill $smi 2>/dev/null
+    wait $smi $sampler 2>/dev/null
+    cp "$w/log/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
+    python3 - "$name" "$rc" "$out" "$*" <<'PY' | tee -a "$out/issue19.results"
+import json, sys, statistics as st
+name, rc, out, args = sys.argv[1:]
+def lines(path):
+    try:
+        return [l for l in open(path) if l.strip()]
+    except OSError:
+        return []
+rows = [json.loads(l) for l in lines(f"{out}/{name}.metrics.jsonl")]
+x = [r["step_s"] for r in rows][2:]
+gpu = [int(l) for l in lines(f"{out}/{name}_gpu.log") if l.strip().isdigit()]
+host = [int(l) for l in lines(f"{out}/{name}_host.log") if l.strip().isdigit()]
+try:
+    plan = json.load(open(f"{out}/{name}.plan.json"))
+    params, planned = plan["job"]["params"], plan["host_memory"]["total"]
+    largest = {k: v["largest_model"]["layers"] for k, v in plan["host_memory"]["modes"].items()}
+except (OSError, ValueError, KeyError):
+    params, planned, largest = float("nan"), float("nan"), {}
+err = [l.strip() for l in lines(f"{out}/{name}.log") if "slidedp-launch:" in l][:1]
+print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"),
+                  "predicted": rows[0]["predicted_step_s"] if rows else float("nan"),
+                  "peak_host": max(host) if host else float("nan"), "peak_gpu_mib": max(gpu) if gpu else float("nan"),
+                  "params": params, "planned_host": planned, "largest_layers": largest, "args": args,
+                  "error": err[0] if err else ""}))
+PY
+    "$build/slidedp-launch" --clean "$w/job.ini" "$@" > /dev/null 2>&1
+}
+peer_run() { # NAME SECONDS ARGS...
+    wanted "$1" || return 0
+    local name=$1 limit=$(left $2)
+    shift 2
+    [ "$limit" -lt 30 ] && { log "$name: skipped (no time left)"; return; }
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/${name}_gpu.log" 2>&1 &
+    local smi=$!
+    timeout "$limit" python3 "$peer" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    kill $smi 2>/dev/null
+    local t=$(grep '^RESULT' "$out/$name.log" | python3 -c "import json,sys; print(json.loads(sys.stdin.read()[7:])['step_s'])" 2>/dev/null)
+    log "$name: exit $rc, step ${t:-nan} s, peak GPU $(sort -n "$out/${name}_gpu.log" | tail -1) MiB; last lines:"
+    tail -3 "$out/$name.log" | tee -a "$out/summary.log"
+}
+bf16g="runtime.grad_dtype=bf16"
+noclip="train.grad_clip=0 runtime.update_mode=during_backward"
+job qwen3-8b 6
+ours q8_8k_fp32 240 "$build/slidedp-launch" $bf16g
+ours q8_8k_fp32_noclip 240 "$build/slidedp-launch" $bf16g $noclip
+ours q8_8k_bf16 240 "$build/slidedp-launch" $bf16g train.optimizer_state=bf16
+ours q8_8k_bf16_24g 240 "$build/slidedp-launch" $bf16g train.optimizer_state=bf16 runtime.gpu_mem=24G
+job qwen3-8b 4
+ours q8_64k_fp32 300 "$build/slidedp-launch" $bf16g train.grad_accum=8
+ours q8_64k_bf16 300 "$build/slidedp-launch" $bf16g train.grad_accum=8 train.optimizer_state=bf16
+peer_run fsdp2_offload_8b_8k 300 8b offload 4096 2 1 4
+job qwen3-1.7b 8
+ours q17_8k_fp32 150 "$build/slidedp-launch"
+[ -n "${BASE_LAUNCH:-}" ] && ours q17_8k_fp32_main 150 "$BASE_LAUNCH"
+ours q17_8k_bf16 150 "$build/slidedp-launch" train.optimizer_state=bf16
+python3 - "$out/issue19.results" <<'PY' | tee -a "$out/summary.log"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+G = 1024 ** 3
+print(f"| {'run':18} | {'exit':>4} | {'step s':>7} | {'predicted':>9} | {'error':>7} | {'host GiB':>8} | "
+      f"{'B/param':>7} | {'GPU GiB':>7} | largest layers fp32/bf16 |")
+print(f"|{'-'*20}|{'-'*6}|{'-'*9}|{'-'*11}|{'-'*9}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*26}|")
+for r in rows:
+    m, p = r["measured"], r["predicted"]
+    err = 100 * (p - m) / m if m == m and m else float("nan")
+    ll = r["largest_layers"]
+    print(f"| {r['name']:18} | {r['rc']:4} | {m:7.3f} | {p:9.3f} | {err:+6.1f}% | {r['peak_host'] / G:8.2f} | "
+          f"{r['peak_host'] / r['params']:7.2f} | {r['peak_gpu_mib'] / 1024:7.2f} | "
+          f"{ll.get('fp32', '-')}/{ll.get('bf16', '-')} |")
+for r in rows:
+    print(f"{r['name']}: {r['args']}; planned host {r['planned_host'] / G:.2f} GiB"
+          f" ({r['planned_host'] / r['params']:.2f} B/param){'; ' + r['error'] if r['error'] else ''}")
+PY
