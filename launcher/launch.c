@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "common/err.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "planner/plan.h"
 #include "shm/futex.h"
@@ -241,6 +242,15 @@ static int open_metrics(struct sup *s)
     return s->metrics ? 0 : sd_err("cannot write %s: %s", path, strerror(errno));
 }
 
+/* Whether every rank's mark (struct step_record) says `step`. */
+static bool all_marked(const _Atomic uint32_t *marks, int n, uint32_t step)
+{
+    for (int r = 0; r < n; r++)
+        if (atomic_load_explicit(&marks[r], memory_order_acquire) != step)
+            return false;
+    return true;
+}
+
 static int write_metrics(struct sup *s, uint32_t step, const struct step_record *rec)
 {
     if (!s->metrics && open_metrics(s) != 0) {
@@ -260,9 +270,7 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     double tok_s = step_s > 0 ? (double)tokens / step_s : 0;
     char val[160] = "";
     double val_loss = -1, val_acc = 0;
-    bool val_done = is_val_step(s->h, step);
-    for (int r = 0; r < G; r++)
-        val_done &= atomic_load(&rec->val_done[r]) != 0;
+    bool val_done = is_val_step(s->h, step) && all_marked(rec->val_done, G, step);
     if (val_done) {
         double vl = 0;
         int64_t vc = 0, vok = 0;
@@ -310,12 +318,24 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     return 0;
 }
 
-static bool all_flags(const _Atomic uint8_t *flags, int n)
+
+/* The periodic checkpoint of logged step `step` when one is due and not written yet (a relaunch
+ * calls it for the last logged step: its dead predecessor may have logged it and died before the
+ * checkpoint the optimizers wait for). */
+static void write_due_checkpoint(struct sup *s, uint32_t step)
 {
-    for (int r = 0; r < n; r++)
-        if (!atomic_load_explicit(&flags[r], memory_order_acquire))
-            return false;
-    return true;
+    struct ctl_header *h = s->h;
+    if (h->ckpt_every == 0 || step == 0 || step % h->ckpt_every != 0 || step >= (uint32_t)h->job.steps ||
+        atomic_load(&h->ckpt_done_step) >= step)
+        return;
+    if (checkpoint_write(&s->st, step) != 0)
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+    else
+        printf("checkpoint step-%u written\n", step);
+    fault_point("launcher_ckpt_written");
+    /* release the optimizers even when writing failed: training goes on, the error is reported */
+    atomic_store_explicit(&h->ckpt_done_step, step, memory_order_release);
+    futex_wake_all(&h->ckpt_done_step);
 }
 
 /* Logs every step that is complete, in order, and writes the checkpoints that are due. */
@@ -334,28 +354,22 @@ static void poll_steps(struct sup *s)
         struct step_record *rec = ctl_step(h, next);
         /* acquire: pairs with the release stores that set these flags after the data they cover */
         if (atomic_load_explicit(&rec->step, memory_order_acquire) != next || committed < next ||
-            !atomic_load_explicit(&rec->norm_written, memory_order_acquire) || !all_flags(rec->rank_done, h->gpus))
+            !atomic_load_explicit(&rec->norm_written, memory_order_acquire) ||
+            !all_marked(rec->rank_done, h->gpus, next))
             break;
-        if (is_val_step(h, next) && !all_flags(rec->val_done, h->gpus))
+        if (is_val_step(h, next) && !all_marked(rec->val_done, h->gpus, next))
             break;
         if (write_metrics(s, next, rec) != 0) {
             transition(s, SUP_FAILED);
             break;
         }
-        memset((char *)rec + sizeof rec->step, 0, sizeof *rec - sizeof rec->step);
-        atomic_store_explicit(&rec->step, next + CTL_STEP_RECORDS, memory_order_release);
+        /* logged, then recycled: a relaunch recycles what a dead launcher logged (state_replace_orphans) */
         s->logged = next;
         atomic_store_explicit(&h->metrics_step, next, memory_order_release);
         futex_wake_all(&h->metrics_step);
-        if (h->ckpt_every > 0 && next % h->ckpt_every == 0 && next < (uint32_t)h->job.steps) {
-            if (checkpoint_write(&s->st, next) != 0)
-                fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
-            else
-                printf("checkpoint step-%u written\n", next);
-            /* release the optimizers even when writing failed: training goes on, the error is reported */
-            atomic_store_explicit(&h->ckpt_done_step, next, memory_order_release);
-            futex_wake_all(&h->ckpt_done_step);
-        }
+        fault_point("launcher_logged");
+        ctl_recycle_step(h, next);
+        write_due_checkpoint(s, next);
     }
     if (s->logged == (uint32_t)h->job.steps && s->state == SUP_RUN)
         transition(s, SUP_FINISHING);
@@ -389,6 +403,7 @@ static void checkpoint_on_stop(struct sup *s)
     uint32_t committed = ctl_committed_step(h);
     if (committed == 0 || committed <= atomic_load(&h->ckpt_done_step))
         return;
+    fault_point("launcher_stop_checkpoint");
     if (!state_consistent(h, committed)) {
         fprintf(stderr, "slidedp-launch: step %u was partly applied when the job stopped; the newest consistent "
                         "checkpoint is step-%u on disk\n",
@@ -536,7 +551,10 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
         s->workers_running--;
     uv_close((uv_handle_t *)proc, NULL);
     const char *what = c->kind == PROC_WORKER ? "worker" : "optimizer";
-    bool clean = status == 0 && term_signal == 0;
+    /* a clean exit before the process's work is done (it saw the job torn down or a step abandoned
+     * that a relaunch has since revived) leaves its part undone: a crash like any other */
+    bool clean = status == 0 && term_signal == 0 &&
+                 (s->state != SUP_RUN || atomic_load(&ctl_proc(s->h, c->kind, c->index)->phase) == PHASE_DONE);
     if (c->gang) {
         c->gang = false;
         if (--s->gang_dying == 0)
@@ -707,6 +725,7 @@ int launch_run(const struct launch_opts *opts)
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    fault_init(0, 0);
     struct sup *s = calloc(1, sizeof *s);
     if (!s) {
         fprintf(stderr, "slidedp-launch: out of memory\n");
@@ -741,6 +760,7 @@ int launch_run(const struct launch_opts *opts)
         return 2;
     }
     s->h = s->st.shm.ctl;
+    checkpoint_remove_partial(job);
     if (s->st.adopted) {
         state_replace_orphans(&s->st);
         printf("slidedp: adopting the state a dead launcher left: step %u committed, %u logged\n",
@@ -749,6 +769,8 @@ int launch_run(const struct launch_opts *opts)
         printf("slidedp: resuming from checkpoint step-%u\n", s->st.resumed_step);
     }
     s->logged = s->commits_seen = atomic_load(&s->h->metrics_step);
+    if (s->st.adopted)
+        write_due_checkpoint(s, s->logged);
     snprintf(s->metrics_path, sizeof s->metrics_path, "%s/metrics.jsonl", job->log_dir);
     if (s->logged > 0 && open_metrics(s) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());

@@ -42,6 +42,9 @@ void state_replace_orphans(struct job_state *st);
 int checkpoint_write(const struct job_state *st, uint32_t step);
 /* The newest complete step-S/ in checkpoint.dir (0 when none). */
 int checkpoint_latest(const struct job_config *job, uint32_t *step);
+/* Removes what a launcher that died while writing a checkpoint or the export left: the
+ * `<name>.tmp-<pid>` directories in checkpoint.dir. */
+void checkpoint_remove_partial(const struct job_config *job);
 /* Loads master, m and v of step-S/ into the state (the layout must match). */
 int checkpoint_load(struct job_state *st, uint32_t step);
 

@@ -168,14 +168,21 @@ static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t c
     j->block = block;
     j->offset = off;
     j->n = n;
-    /* release: the staging block and the fields above are complete before the record is valid */
+    /* release: the staging block and the fields above are complete before the record is valid; the
+     * signal fence also keeps the compiler from sinking those plain stores past it (a crash right
+     * after the store must find them in memory) */
+    atomic_signal_fence(memory_order_seq_cst);
     atomic_store_explicit(&j->state, (uint32_t)kind, memory_order_release);
     fault_point(kind == JOURNAL_REDUCE ? "optim_reduce_journaled" : "optim_update_journaled");
     journal_apply(o, l);
 }
 
+/* After the block is in place and the lane's progress is past it. */
 static void journal_clear(struct lane *l)
 {
+    /* the plain stores of journal_apply (the block in place) stay before the clear: a record
+     * cleared while its block is still only in registers would lose it in a crash */
+    atomic_signal_fence(memory_order_seq_cst);
     atomic_store_explicit(&l->journal->state, JOURNAL_EMPTY, memory_order_release);
 }
 
@@ -591,7 +598,7 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     o->index = args->index;
     o->slot = ctl_proc(h, PROC_OPTIM, o->index);
     o->generation = atomic_load(&o->slot->generation);
-    fault_init(atomic_load(&o->slot->restarts));
+    fault_init(atomic_load(&o->slot->restarts), args->index);
     atomic_store(&o->slot->pid, (int32_t)getpid());
     set_phase(o, PHASE_STARTING);
     o->threads = h->plan.optim_threads;
@@ -675,6 +682,7 @@ int optim_run(const struct optim_args *args)
             rec->lr = job_lr_at(&h->job, (int)s);
             rec->clip_coef = coef;
             atomic_store_explicit(&rec->norm_written, 1, memory_order_release);
+            fault_point("optim_norm_written");
         }
         if (!during_backward) {
             if (wait_checkpoint(o, s) != 0)

@@ -33,12 +33,12 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
     return mul_ok(n, sz, &bytes) && add_ok(cursor, bytes);
 }
 
-int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
-                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
+int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threads, int grad_slots, int num_tensors,
+                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
                       bool grads_bf16, uint64_t window_shm_bytes, struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
-    if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
+    if (gpus < 1 || grad_accum < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
         optim_threads > CTL_MAX_OPTIM_THREADS || grad_slots < 1 || grad_slots >= RING_CAP)
         return sd_err("bad job shape: gpus=%d optim_procs=%d grad_slots=%d", gpus, optim_procs, grad_slots);
     uint64_t c = sizeof(struct ctl_header);
@@ -51,7 +51,9 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
               place(&c, &out->off_procs, (uint64_t)(gpus + optim_procs), sizeof(struct proc_slot)) &&
               place(&c, &out->off_steps, CTL_STEP_RECORDS, sizeof(struct step_record)) &&
               place(&c, &out->off_journals, (uint64_t)optim_procs * (uint64_t)optim_threads, sizeof(struct journal)) &&
-              place(&c, &out->off_xchg, (uint64_t)gpus, sizeof(struct xchg_rank));
+              place(&c, &out->off_xchg, (uint64_t)gpus, sizeof(struct xchg_rank)) &&
+              place(&c, &out->off_losses, (uint64_t)CTL_STEP_RECORDS * (uint64_t)gpus * (uint64_t)grad_accum,
+                    sizeof(struct loss_progress));
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
     uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * (JOURNAL_BLOCK * 3 + JOURNAL_BLOCK / 2) * 4;
@@ -152,6 +154,13 @@ void ctl_repair_slots(struct ctl_header *h, int rank)
         if (!referenced && atomic_compare_exchange_strong(&ss->state, &w, SLOT_WORD(SLOT_SEQ(w), SLOT_FREE)))
             futex_wake_all(&ss->state);
     }
+}
+
+void ctl_recycle_step(struct ctl_header *h, uint32_t s)
+{
+    struct step_record *rec = ctl_step(h, s);
+    memset((char *)rec + sizeof rec->step, 0, sizeof *rec - sizeof rec->step);
+    atomic_store_explicit(&rec->step, s + CTL_STEP_RECORDS, memory_order_release);
 }
 
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len)
