@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Every protocol publish point, by process. A point sits right after a store other processes (or
  * a relaunch) act on, or right before one that must follow the state it leaves. */
@@ -21,7 +22,7 @@ const char *const fault_points[] = {
     "worker_slot_writing", "worker_direct_sending", "worker_param_staged", "worker_grad_published",
     "worker_loss_saved", "worker_val_done",
     /* worker poster thread */
-    "worker_slot_written", "worker_slot_posted", "worker_pushed", "poster_marked", "poster_rank_finishing",
+    "worker_slot_written", "worker_slot_posted", "worker_pushed", "poster_marked", "poster_rank_done",
     /* optimizer */
     "optim_reduce_journaled", "optim_reduced", "optim_freed", "optim_update_journaled", "optim_updated",
     "optim_norm_written", NULL};
@@ -31,7 +32,7 @@ const char *const fault_points[] = {
 static struct {
     int point; /* index in fault_points */
     long target;
-    bool stop;
+    bool stop, hold;
     _Atomic long hits;
 } rules[MAX_RULES];
 static int num_rules;
@@ -64,12 +65,14 @@ void fault_init(unsigned restarts, int index)
             fprintf(stderr, "SLIDEDP_CRASH_AT: unknown fault point in '%s'\n", tok);
             abort();
         }
-        bool applies = restarts == 0, stop = false;
+        bool applies = restarts == 0, stop = false, hold = false;
         for (int i = 2; i < nf; i++) {
             if (!strcmp(fields[i], "always"))
                 applies = true;
             else if (!strcmp(fields[i], "stop"))
                 stop = true;
+            else if (!strcmp(fields[i], "hold"))
+                hold = true;
             else if (fields[i][0] == 'i')
                 applies = restarts == strtoul(fields[i] + 1, NULL, 10);
         }
@@ -81,6 +84,7 @@ void fault_init(unsigned restarts, int index)
         rules[num_rules].point = point;
         rules[num_rules].target = strtol(fields[1], NULL, 10);
         rules[num_rules].stop = stop;
+        rules[num_rules].hold = hold;
         atomic_store(&rules[num_rules].hits, 0);
         num_rules++;
     }
@@ -95,9 +99,13 @@ void fault_point(const char *point)
         fprintf(stderr, "fault_point: %s is not in the list of fault points\n", point);
         abort();
     }
-    for (int i = 0; i < num_rules; i++)
-        if (rules[i].point == p && atomic_fetch_add(&rules[i].hits, 1) + 1 == rules[i].target)
-            raise(rules[i].stop ? SIGSTOP : SIGKILL);
+    for (int i = 0; i < num_rules; i++) {
+        if (rules[i].point != p || atomic_fetch_add(&rules[i].hits, 1) + 1 != rules[i].target)
+            continue;
+        while (rules[i].hold)
+            pause(); /* this thread only; the process's other threads run on */
+        raise(rules[i].stop ? SIGSTOP : SIGKILL);
+    }
 }
 
 void fault_step(unsigned step, int rank)

@@ -1,7 +1,8 @@
 /* Fault injection for the crash-recovery tests: SLIDEDP_CRASH_AT="point:n[:option...][,...]" makes
- * a process act the n-th time it passes the named point (FAULT_POINTS in fault.c lists every one).
- * The action is SIGKILL, or SIGSTOP with the option "stop" (the test then kills or continues the
- * stopped process itself). By default only a process's first incarnation obeys (restarts = 0);
+ * a process act the n-th time it passes the named point (fault_points in fault.c lists every one).
+ * The action is SIGKILL; with the option "stop" SIGSTOP (the test then kills or continues the
+ * stopped process itself); with "hold" the thread that passed the point waits forever while the
+ * process's other threads run on (a poster thread lagging behind by construction). By default only a process's first incarnation obeys (restarts = 0);
  * options narrow or widen that: "always" (every incarnation: a crash loop), "i<K>" (only the
  * incarnation after K restarts), "r<R>" (only the process of rank or index R; the launcher is 0). */
 #ifndef SD_FAULT_H

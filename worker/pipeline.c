@@ -665,13 +665,13 @@ static bool loss_through(struct worker *w, uint32_t s, uint32_t done, double *su
 static void finish_rank(struct worker *w, uint32_t s)
 {
     struct step_record *rec = ctl_step(w->ctl, s);
-    fault_point("poster_rank_finishing");
     double sum;
     if (!loss_through(w, s, (uint32_t)w->A, &sum))
         return;
     rec->loss_sum[w->rank] = sum;
     /* release: the loss sum above is visible to the launcher once it sees the mark */
     atomic_store_explicit(&rec->rank_done[w->rank], s, memory_order_release);
+    fault_point("poster_rank_done");
 }
 
 /* Whether step s is logged already (its record then belongs to a later step). */
