@@ -28,6 +28,11 @@ const char *const fault_points[] = {
     "optim_norm_written", NULL};
 
 #define MAX_RULES 8
+#define NUM_POINTS (sizeof fault_points / sizeof fault_points[0] - 1)
+
+/* SLIDEDP_FAULT_COUNT=dir: every point's passes, written at exit to dir/<role><index>.<pid> */
+static _Atomic long counts[NUM_POINTS];
+static char count_path[512];
 
 static struct {
     int point; /* index in fault_points */
@@ -45,9 +50,25 @@ static int point_index(const char *name)
     return -1;
 }
 
-void fault_init(unsigned restarts, int index)
+static void write_counts(void)
+{
+    FILE *f = fopen(count_path, "w");
+    if (!f)
+        return;
+    for (size_t i = 0; i < NUM_POINTS; i++)
+        if (atomic_load(&counts[i]))
+            fprintf(f, "%s %ld\n", fault_points[i], atomic_load(&counts[i]));
+    fclose(f);
+}
+
+void fault_init(const char *role, unsigned restarts, int index)
 {
     num_rules = 0;
+    const char *count_dir = getenv("SLIDEDP_FAULT_COUNT");
+    if (count_dir && !count_path[0]) {
+        snprintf(count_path, sizeof count_path, "%s/%s%d.%d", count_dir, role, index, (int)getpid());
+        atexit(write_counts);
+    }
     const char *spec = getenv("SLIDEDP_CRASH_AT");
     if (!spec)
         return;
@@ -92,13 +113,14 @@ void fault_init(unsigned restarts, int index)
 
 void fault_point(const char *point)
 {
-    if (num_rules == 0)
+    if (num_rules == 0 && !count_path[0])
         return;
     int p = point_index(point);
     if (p < 0) {
         fprintf(stderr, "fault_point: %s is not in the list of fault points\n", point);
         abort();
     }
+    atomic_fetch_add(&counts[p], 1);
     for (int i = 0; i < num_rules; i++) {
         if (rules[i].point != p || atomic_fetch_add(&rules[i].hits, 1) + 1 != rules[i].target)
             continue;

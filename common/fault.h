@@ -8,9 +8,11 @@
 #ifndef SD_FAULT_H
 #define SD_FAULT_H
 
-/* Reads the spec for this process: its restarts so far and its rank (workers), index (optimizers)
- * or 0 (launcher). */
-void fault_init(unsigned restarts, int index);
+/* Reads the spec for this process: its role ("launcher", "worker", "optim"), restarts so far and
+ * its rank (workers), index (optimizers) or 0 (launcher). With SLIDEDP_FAULT_COUNT=dir, the process
+ * counts its passes of every point and writes them at exit to dir/<role><index>.<pid> ("point n"
+ * lines), so a test can aim at the middle of a run. */
+void fault_init(const char *role, unsigned restarts, int index);
 /* A protocol publish point; the name must be one of FAULT_POINTS (checked, so a test cannot aim at
  * a point that does not exist). Thread-safe. */
 void fault_point(const char *point);

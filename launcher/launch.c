@@ -725,7 +725,7 @@ int launch_run(const struct launch_opts *opts)
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-    fault_init(0, 0);
+    fault_init("launcher", 0, 0);
     struct sup *s = calloc(1, sizeof *s);
     if (!s) {
         fprintf(stderr, "slidedp-launch: out of memory\n");

@@ -598,7 +598,7 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     o->index = args->index;
     o->slot = ctl_proc(h, PROC_OPTIM, o->index);
     o->generation = atomic_load(&o->slot->generation);
-    fault_init(atomic_load(&o->slot->restarts), args->index);
+    fault_init("optim", atomic_load(&o->slot->restarts), args->index);
     atomic_store(&o->slot->pid, (int32_t)getpid());
     set_phase(o, PHASE_STARTING);
     o->threads = h->plan.optim_threads;

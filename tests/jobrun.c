@@ -15,6 +15,19 @@
 
 char jobs_dir[1024];
 
+void jobs_setup(const char *tag)
+{
+    snprintf(jobs_dir, sizeof jobs_dir, "%s", tu_tmpdir(0, tag));
+    char cache[1100];
+    snprintf(cache, sizeof cache, "%s/calib", jobs_dir);
+    setenv("SLIDEDP_CACHE_DIR", cache, 1);
+    char *out = NULL;
+    if (tu_sh(&out, "%s copy --out %s/data --seq-len 64 --train 2000 --val 64 --seed 3", tu_bin("slidedp-data"),
+              jobs_dir) != 0)
+        fail_msg("slidedp-data failed: %s", out);
+    free(out);
+}
+
 /* A job in its own folder (log, checkpoints) sharing the generated data. */
 void write_job_as(const struct variant *v, const char *name, int steps, const char *extra)
 {
@@ -200,4 +213,67 @@ void wait_running(pid_t pid, const char *name, uint32_t logged)
         if (clock_ns() - t0 > HANG_S * 1000000000ull)
             fail_hung(pid, name);
     }
+}
+
+/* Whether process pid is stopped (SIGSTOP). */
+static bool is_stopped(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    char *stat = tu_read_file(path, NULL);
+    const char *paren = stat ? strrchr(stat, ')') : NULL;
+    bool stopped = paren && paren[1] == ' ' && paren[2] == 'T';
+    free(stat);
+    return stopped;
+}
+
+/* Waits until the job's process (enum proc_kind) has stopped itself at a fault point, and returns
+ * its pid. */
+int wait_proc_stopped(pid_t launcher, const char *name, int kind, int index)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    for (uint64_t t0 = clock_ns();; usleep(5000)) {
+        struct job_shm shm;
+        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
+            int pid = atomic_load(&ctl_proc(shm.ctl, kind, index)->pid);
+            job_shm_detach(&shm);
+            if (pid > 0 && is_stopped(pid))
+                return pid;
+        }
+        if (waitpid(launcher, NULL, WNOHANG) == launcher)
+            fail_msg("%s: the launcher exited before the process stopped", name);
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(launcher, name);
+    }
+}
+
+/* Waits until the launcher has asked the job's processes to stop (ctl_header.stop). */
+void wait_stop_requested(pid_t launcher, const char *name)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    for (uint64_t t0 = clock_ns();; usleep(2000)) {
+        struct job_shm shm;
+        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
+            bool asked = atomic_load(&shm.ctl->stop) != STOP_NONE;
+            job_shm_detach(&shm);
+            if (asked)
+                return;
+        }
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(launcher, name);
+    }
+}
+
+int job_proc_pid(const char *name, int kind, int index)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    struct job_shm shm;
+    if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) != 0)
+        fail_msg("%s: no shared state", name);
+    int pid = atomic_load(&ctl_proc(shm.ctl, kind, index)->pid);
+    job_shm_detach(&shm);
+    return pid;
 }

@@ -26,6 +26,10 @@ struct variant {
     const char *data; /* extra [data] lines (validation) */
 };
 
+/* Makes jobs_dir (a scratch dir named after tag), its data (copy task: 2000 training and 64
+ * validation sequences of 64 tokens) and its own calibration cache, which the first launcher
+ * fills: what other tests measure meanwhile cannot change the plans compared here. */
+void jobs_setup(const char *tag);
 /* A job in its own folder (log, checkpoints): steps, the variant, extra [checkpoint] lines. */
 void write_job_as(const struct variant *v, const char *name, int steps, const char *extra);
 void job_path(const char *name, const char *rel, char *out, size_t len);
@@ -47,5 +51,12 @@ void assert_same_weights(const char *name, const char *ref);
 int metrics_lines(const char *name, int *first, int *last);
 /* Waits until launcher `pid` runs the job and has logged step `logged`. */
 void wait_running(pid_t pid, const char *name, uint32_t logged);
+/* Waits until the job's process (enum proc_kind) has stopped itself at a fault point (SIGSTOP);
+ * returns its pid. */
+int wait_proc_stopped(pid_t launcher, const char *name, int kind, int index);
+/* Waits until the launcher has asked the job's processes to stop (ctl_header.stop). */
+void wait_stop_requested(pid_t launcher, const char *name);
+/* The pid the job's process (enum proc_kind) has now. */
+int job_proc_pid(const char *name, int kind, int index);
 
 #endif

@@ -24,57 +24,6 @@ static const struct variant validating = {"val", "accumulate_on_device = false\n
 /* Sharded parameters and GPU-side gradients through shared memory: workers restart together. */
 static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false, 0, 3, NULL};
 
-/* Whether process pid is stopped (SIGSTOP). */
-static bool is_stopped(int pid)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    char *stat = tu_read_file(path, NULL);
-    const char *paren = stat ? strrchr(stat, ')') : NULL;
-    bool stopped = paren && paren[1] == ' ' && paren[2] == 'T';
-    free(stat);
-    return stopped;
-}
-
-/* Waits until the job's process (enum proc_kind) has stopped itself at a fault point, and returns
- * its pid. */
-static int wait_proc_stopped(pid_t launcher, const char *name, int kind, int index)
-{
-    char job[32];
-    job_name_of(name, job, sizeof job);
-    for (uint64_t t0 = clock_ns();; usleep(5000)) {
-        struct job_shm shm;
-        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
-            int pid = atomic_load(&ctl_proc(shm.ctl, kind, index)->pid);
-            job_shm_detach(&shm);
-            if (pid > 0 && is_stopped(pid))
-                return pid;
-        }
-        if (waitpid(launcher, NULL, WNOHANG) == launcher)
-            fail_msg("%s: the launcher exited before the process stopped", name);
-        if (clock_ns() - t0 > HANG_S * 1000000000ull)
-            fail_hung(launcher, name);
-    }
-}
-
-/* Waits until the launcher has asked the job's processes to stop (ctl_header.stop). */
-static void wait_stop_requested(pid_t launcher, const char *name)
-{
-    char job[32];
-    job_name_of(name, job, sizeof job);
-    for (uint64_t t0 = clock_ns();; usleep(2000)) {
-        struct job_shm shm;
-        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
-            bool asked = atomic_load(&shm.ctl->stop) != STOP_NONE;
-            job_shm_detach(&shm);
-            if (asked)
-                return;
-        }
-        if (clock_ns() - t0 > HANG_S * 1000000000ull)
-            fail_hung(launcher, name);
-    }
-}
-
 /* Runs the job once with the fault spec (the launcher is expected to die from it when
  * launcher_dies), then again without, which must finish like the reference run. */
 static void kill_then_relaunch(const struct variant *v, const char *name, const char *ref, int steps,
@@ -103,13 +52,17 @@ static void reference(const struct variant *v, const char *name, int steps, cons
 }
 
 /* (1) Killed after creating the objects, before the header (the relaunch refused: "stale shared
- * memory ... launcher pid 0"), and while drawing the weights, after the header and its job hash
- * (the relaunch adopted a half-initialised model and exported it). Nothing was trained: the
- * relaunch starts afresh. */
-static void test_launcher_killed_initialising(void **state)
+ * memory ... launcher pid 0"). Nothing was trained: the relaunch starts afresh. */
+static void test_launcher_killed_before_header(void **state)
 {
     reference(&accum3, "ref-init", 12, "");
     kill_then_relaunch(&accum3, "init-created", "ref-init", 12, "", "launcher_regions_created:1", true);
+}
+
+/* (1) Killed while drawing the weights, after the header and its job hash (the relaunch adopted a
+ * half-initialised model and exported it). */
+static void test_launcher_killed_drawing_weights(void **state)
+{
     kill_then_relaunch(&accum3, "init-drawing", "ref-init", 12, "", "launcher_init_block:3", true);
 }
 
@@ -208,17 +161,10 @@ static void test_validation_after_restart(void **state)
 int main(void)
 {
     tu_seed("windows", 0); /* nothing random: every kill is at a named point */
-    snprintf(jobs_dir, sizeof jobs_dir, "%s", tu_tmpdir(0, "windows"));
-    char cache[1100];
-    snprintf(cache, sizeof cache, "%s/calib", jobs_dir);
-    setenv("SLIDEDP_CACHE_DIR", cache, 1);
-    char *out = NULL;
-    if (tu_sh(&out, "%s copy --out %s/data --seq-len 64 --train 2000 --val 64 --seed 3", tu_bin("slidedp-data"),
-              jobs_dir) != 0)
-        fail_msg("slidedp-data failed: %s", out);
-    free(out);
+    jobs_setup("windows");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_launcher_killed_initialising),
+        cmocka_unit_test(test_launcher_killed_before_header),
+        cmocka_unit_test(test_launcher_killed_drawing_weights),
         cmocka_unit_test(test_launcher_killed_at_checkpoint),
         cmocka_unit_test(test_launcher_killed_after_drain),
         cmocka_unit_test(test_worker_killed_with_poster_behind),

@@ -927,7 +927,7 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     w->T = h->job.seq_len;
     w->slot = ctl_proc(h, PROC_WORKER, w->rank);
     w->generation = atomic_load(&w->slot->generation);
-    fault_init(atomic_load(&w->slot->restarts), args->rank);
+    fault_init("worker", atomic_load(&w->slot->restarts), args->rank);
     atomic_store(&w->slot->pid, (int32_t)getpid());
     set_phase(w, PHASE_STARTING);
 
