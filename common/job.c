@@ -76,6 +76,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "accumulate_on_device", K_ENUM, OFF(accumulate_on_device), 0, 0, "auto|false|true", -1},
     {"runtime", "grad_dtype", K_ENUM, OFF(grad_dtype), 0, 0, "fp32|bf16", 0},
     {"runtime", "topology", K_PATH, OFF(topology), 0, 0, NULL, 0},
+    {"runtime", "watchdog_s", K_INT, OFF(watchdog_s), 0, 86400 * 365, NULL, 0},
     {"log", "dir", K_PATH, OFF(log_dir), 0, 0, NULL, 0},
     {"log", "every", K_INT, OFF(log_every), 1, INT_MAX, NULL, 0},
 };
@@ -104,6 +105,7 @@ void job_config_defaults(struct job_config *job)
     job->device = DEVICE_CUDA;
     job->gpus = 1;
     job->accumulate_on_device = -1;
+    job->watchdog_s = 600;
     snprintf(job->log_dir, sizeof job->log_dir, "runs/demo");
     job->log_every = 1;
 }

@@ -74,6 +74,7 @@ struct job_config {
     enum grad_dtype grad_dtype; /* bf16: gradients sent straight into the accumulator are rounded
                                  * to bf16 on the device (half the copy and the optimizer reads less) */
     char topology[JOB_PATH_MAX]; /* GPU topology description file; empty: probe the host */
+    int watchdog_s;          /* a process with no heartbeat for this long is killed and restarted; 0 = never */
 
     /* [log] */
     char log_dir[JOB_PATH_MAX];

@@ -57,6 +57,7 @@ struct sup {
     struct child *children;
     int num_children, running, workers_running;
     uv_timer_t poll_timer, kill_timer;
+    uint64_t watched_ns; /* when the watchdog last looked */
     uv_signal_t sigint, sigterm;
     enum sup_state state;
     int exit_code;
@@ -375,9 +376,30 @@ static void poll_steps(struct sup *s)
         transition(s, SUP_FINISHING);
 }
 
+/* Kills a running process whose heartbeat is older than runtime.watchdog_s (a hung device call,
+ * a protocol bug): its exit is then handled like any crash, so it is restarted. */
+static void watchdog(struct sup *s)
+{
+    uint64_t now = clock_ns();
+    if (s->st.job.watchdog_s == 0 || now - s->watched_ns < 1000000000ull)
+        return;
+    s->watched_ns = now;
+    uint64_t bound = (uint64_t)s->st.job.watchdog_s * 1000000000ull;
+    for (int i = 0; i < s->num_children; i++) {
+        struct child *c = &s->children[i];
+        uint64_t beat = atomic_load(&ctl_proc(s->h, c->kind, c->index)->heartbeat_ns);
+        if (!c->running || c->gang || now < beat || now - beat <= bound)
+            continue;
+        fprintf(stderr, "slidedp-launch: %s %d stalled (no progress for %d s); killing it\n",
+                c->kind == PROC_WORKER ? "worker" : "optimizer", c->index, s->st.job.watchdog_s);
+        uv_process_kill(&c->proc, SIGKILL);
+    }
+}
+
 static void on_poll(uv_timer_t *t)
 {
     poll_steps(t->data);
+    watchdog(t->data);
 }
 
 /* Whether master, m and v hold exactly the state after `step`: every chunk at that version and no
@@ -644,7 +666,9 @@ static int spawn_child(struct sup *s, struct child *c)
     s->running++;
     if (c->kind == PROC_WORKER)
         s->workers_running++;
-    atomic_store(&ctl_proc(s->h, c->kind, c->index)->pid, c->proc.pid);
+    struct proc_slot *slot = ctl_proc(s->h, c->kind, c->index);
+    atomic_store(&slot->pid, c->proc.pid);
+    atomic_store(&slot->heartbeat_ns, clock_ns()); /* the watchdog gives it its whole bound to start */
     return 0;
 }
 

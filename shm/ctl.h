@@ -54,6 +54,14 @@ enum proc_phase {
     PHASE_COUNT
 };
 
+/* A process's heartbeat_ns older than this is a stall: half the job's watchdog bound (the launcher
+ * kills it at the whole), or a minute without a watchdog. Alive processes beat at every phase,
+ * every chunk and every wait slice (100 ms). */
+static inline uint64_t ctl_stall_ns(const struct job_config *job)
+{
+    return job->watchdog_s > 0 ? (uint64_t)job->watchdog_s * 500000000ull : 60000000000ull;
+}
+
 /* One per worker and optimizer process. Written by its owner (and by the launcher when it
  * (re)starts the process); read by anyone. */
 struct proc_slot {

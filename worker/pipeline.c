@@ -125,10 +125,12 @@ static uint32_t begin_wait(struct worker *w, int phase)
     return prev;
 }
 
-/* Exits the process when the job is being torn down while we wait; nothing we hold needs saving:
- * the launcher repairs rings and slots of dead or departed workers. */
+/* Called after every wait slice: beats the heartbeat the launcher's watchdog checks (a wait is
+ * progress of its own), and exits the process when the job is being torn down while we wait;
+ * nothing we hold needs saving: the launcher repairs rings and slots of dead or departed workers. */
 static void bail_if_stopped(struct worker *w)
 {
+    atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
     if (stop_now(w)) {
         fprintf(stderr, "worker %d: stopping (job stopped or generation changed)\n", w->rank);
         _exit(0);
@@ -337,6 +339,7 @@ static const void *io_weights(void *ctx, int c, int next)
 {
     struct worker *w = ctx;
     atomic_store_explicit(&w->slot->chunk, c, memory_order_relaxed);
+    atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
     struct cache_entry *e = cache_find(w, c);
     if (!e) {
         e = cache_victim(w);
