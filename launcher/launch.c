@@ -668,6 +668,7 @@ static int spawn_child(struct sup *s, struct child *c)
         s->workers_running++;
     struct proc_slot *slot = ctl_proc(s->h, c->kind, c->index);
     atomic_store(&slot->pid, c->proc.pid);
+    atomic_store(&slot->start_ticks, proc_start_ticks(c->proc.pid));
     atomic_store(&slot->heartbeat_ns, clock_ns()); /* the watchdog gives it its whole bound to start */
     return 0;
 }

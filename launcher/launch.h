@@ -35,7 +35,11 @@ struct job_state {
 int state_create(struct job_state *st);
 /* Unmaps and removes the job's shm objects. */
 void state_destroy(struct job_state *st);
-/* Stops any process of a dead launcher that still runs, and frees what they held (adoption). */
+/* A process's start time in clock ticks since boot (/proc/<pid>/stat field 22); 0 when it is gone. */
+uint64_t proc_start_ticks(int pid);
+/* Stops any process of a dead launcher that still runs (the pid in its slot, with the start time
+ * recorded there and our --job on its command line: never another process that reused the pid),
+ * and frees what they held (adoption). */
 void state_replace_orphans(struct job_state *st);
 
 /* Disk checkpoints (checkpoint.c): step-S/ with the HF weights and the optimizer state. */

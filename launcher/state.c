@@ -371,16 +371,45 @@ static void map_views(struct job_state *st)
     st->shm.grad_acc = bf16 ? NULL : direct ? st->shm.grads : st->shm.master + 3 * n;
 }
 
-static bool is_our_child(int pid)
+uint64_t proc_start_ticks(int pid)
 {
-    char path[64], comm[64] = "";
-    snprintf(path, sizeof path, "/proc/%d/comm", pid);
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* after "pid (comm) ": the comm may hold spaces and parentheses, so count from the last ')' */
+    char *p = strrchr(buf, ')');
+    unsigned long long ticks = 0;
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    if (!p || sscanf(p + 1, "%llu", &ticks) != 1)
+        return 0;
+    return ticks;
+}
+
+/* Whether pid is still the process the slot describes: the start time the launcher recorded, and
+ * "--job <our job>" on its command line. */
+static bool is_our_orphan(int pid, const struct proc_slot *slot, const char *job_name)
+{
+    uint64_t start = atomic_load(&slot->start_ticks);
+    if (pid <= 0 || start == 0 || proc_start_ticks(pid) != start)
+        return false;
+    char path[64], args[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
     FILE *f = fopen(path, "r");
     if (!f)
         return false;
-    bool ok = fgets(comm, sizeof comm, f) && (!strncmp(comm, "slidedp-worker", 14) || !strncmp(comm, "slidedp-optim", 13));
+    size_t n = fread(args, 1, sizeof args - 1, f);
     fclose(f);
-    return ok;
+    args[n] = 0;
+    for (size_t i = 0; i < n; i += strlen(args + i) + 1)
+        if (!strcmp(args + i, "--job") && i + 6 < n && !strcmp(args + i + 6, job_name))
+            return true;
+    return false;
 }
 
 void state_replace_orphans(struct job_state *st)
@@ -392,15 +421,13 @@ void state_replace_orphans(struct job_state *st)
         int pid = atomic_load(&slots[i].pid);
         /* a new generation fences anything a survivor might still do */
         atomic_fetch_add(&slots[i].generation, 1);
-        if (pid > 0 && is_our_child(pid))
+        if (is_our_orphan(pid, &slots[i], st->job_name))
             kill(pid, SIGKILL);
     }
     for (int tries = 0; tries < 200; tries++) {
         bool alive = false;
-        for (int i = 0; i < n; i++) {
-            int pid = atomic_load(&slots[i].pid);
-            alive |= pid > 0 && is_our_child(pid);
-        }
+        for (int i = 0; i < n; i++)
+            alive |= is_our_orphan(atomic_load(&slots[i].pid), &slots[i], st->job_name);
         if (!alive)
             break;
         usleep(10000);
@@ -465,6 +492,11 @@ int state_create(struct job_state *st)
         if (attach_regions(st) != 0)
             return -1;
         map_views(st);
+        if (ctl_validate(st->shm.ctl, st->ctl_region.size, st->ctl_region.name) != 0) {
+            st->created = false; /* not ours to remove */
+            state_destroy(st);
+            return -1;
+        }
         if (st->shm.ctl->size != sz.ctl_bytes || st->params16_region.size != sz.params16_bytes ||
             st->master_region.size != sz.master_bytes || st->grads_region.size != sz.grads_bytes) {
             st->created = false; /* not ours to remove */

@@ -72,6 +72,8 @@ struct proc_slot {
     _Atomic uint32_t step;
     _Atomic int32_t chunk;
     _Atomic uint32_t restarts;
+    _Atomic uint64_t start_ticks; /* the process's start time (/proc/<pid>/stat), set by the launcher
+                                   * at spawn: with --job, what identifies an orphan to kill */
     /* monotonically increasing counters for monitors */
     _Atomic uint64_t bytes_in;   /* weights fetched (workers), gradient bytes reduced (optimizers) */
     _Atomic uint64_t bytes_out;  /* gradients sent (workers), bf16 bytes published (optimizers) */
@@ -386,7 +388,12 @@ struct job_shm {
 };
 
 enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MASTER = 8, JOB_MAP_GRADS = 16 };
-/* Attaches a running job's objects; ctl writable unless ctl_read_only (monitors). */
+/* Whether a ctl header describes itself consistently: magic and version, then every table offset
+ * and size as ctl_compute_sizes places them for the header's job shape, within the ctl object's
+ * size (ctl_bytes); 0 or -1 with the reason. Checked before any offset is used. */
+int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *name);
+/* Attaches a running job's objects (each must be ours, mode 0600, and as large as the header
+ * says); ctl writable unless ctl_read_only (monitors). On failure nothing stays mapped. */
 int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only);
 void job_shm_detach(struct job_shm *s);
 
