@@ -508,6 +508,7 @@ static void schedule_restart(struct sup *s, struct child *c, int delay_ms)
     if (c->kind == PROC_WORKER)
         ctl_repair_slots(s->h, c->index);
     atomic_fetch_add(&slot->generation, 1);
+    atomic_fetch_add(&s->h->generation, 1); /* the job's repairs, for monitors */
     atomic_fetch_add(&slot->restarts, 1);
     c->restart_pending = true;
     s->pending_restarts++;

@@ -395,6 +395,25 @@ static int first_pending(struct optim *o)
     return -1;
 }
 
+/* A descriptor from rank r's ring must be one a worker of that rank could have pushed: its
+ * generation one the launcher has handed out (a later one would be a writer that was never
+ * started), a chunk of ours, a step not ahead of s, a slot and elements within bounds. */
+static void check_desc(struct optim *o, const struct chunk_desc_msg *d, int r, uint32_t s)
+{
+    struct ctl_header *h = o->ctl;
+    uint32_t gen = atomic_load(&ctl_proc(h, PROC_WORKER, r)->generation);
+    bool ok = d->kind == DESC_GRAD && d->rank == (uint32_t)r && d->generation >= 1 && d->generation <= gen &&
+              d->chunk < (uint32_t)h->num_chunks && o->chunk_pos[d->chunk] >= 0 && d->step <= s &&
+              (d->slot == DESC_SLOT_DIRECT || d->slot < (uint32_t)h->grad_slots) &&
+              d->elem_begin + d->elem_count <= (uint64_t)ctl_chunks(h)[d->chunk].numel;
+    if (!ok) {
+        fprintf(stderr, "optimizer %d: a corrupt gradient descriptor from rank %d (generation %u of %u, chunk %u, step %u "
+                        "at step %u)\n",
+                o->index, r, d->generation, gen, d->chunk, d->step, s);
+        abort();
+    }
+}
+
 /* Drains the rings until every owned chunk's gradient of step s is complete (and, with update_now,
  * updated). Returns 1 if the step was abandoned (workers gone before finishing it), -1 if torn
  * down, 0 when complete.
@@ -428,7 +447,7 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
             /* once our chunks are complete, the workers may post the next step's gradients: they
              * wait for the next call */
             while (remaining > 0 && ring_peek(ring, &d)) {
-                SD_ASSERT(d.kind == DESC_GRAD && d.step <= s);
+                check_desc(o, &d, r, s);
                 struct chunk_state *cs = ctl_chunk_state(h, (int)d.chunk);
                 if (chunk_grad_consumed(cs, d.step, d.micro)) { /* added before a crash; only the release was missing */
                     release_desc(o, ring, &d);

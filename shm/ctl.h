@@ -217,7 +217,8 @@ struct ctl_header {
     char job_name[64];
     uint64_t job_hash;              /* identifies the job's configuration across relaunches */
     _Atomic int32_t launcher_pid;
-    _Atomic uint32_t generation;    /* bumped on every repair; stale writers are fenced out */
+    _Atomic uint32_t generation;    /* bumped on every repair (a restart, an adoption); each process is
+                                     * fenced out by its own slot's generation */
     _Atomic uint32_t stop;          /* enum stop_level */
     _Atomic uint32_t stop_step;     /* with STOP_AT_BOUNDARY: 1 + the last step workers run (0: not decided) */
     _Atomic uint32_t initialised;   /* stored last (release) once the weights are in place: a state
