@@ -639,8 +639,9 @@ static void save_loss_progress(struct worker *w, uint32_t s, uint32_t done, doub
 {
     struct loss_progress *lp = ctl_loss_progress(w->ctl, s, w->rank, done);
     atomic_store_explicit(&lp->key, 0, memory_order_relaxed);
-    /* the compiler keeps the plain store of sum between the two (the CPU does on x86-64, whose
-     * stores are not reordered with each other; and the release store below orders it anyway) */
+    /* Only a restart reads the entry, after this process died: what matters is the order in which
+     * the stores are executed, and a kill cannot undo one that was. The signal fence keeps the
+     * compiler from moving the plain store of sum out from between the clear and the tag. */
     atomic_signal_fence(memory_order_seq_cst);
     lp->sum = sum;
     atomic_store_explicit(&lp->key, micro_key(s, done), memory_order_release);
