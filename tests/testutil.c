@@ -26,6 +26,7 @@ static void remove_tmp_paths(void)
             continue;
         pid_t pid = fork();
         if (pid == 0) {
+            setsid(); /* out of the test's process group, which a timeout kills */
             char *argv[] = {"rm", "-rf", tmp_paths[i], NULL};
             execv("/bin/rm", argv);
             _exit(127);
