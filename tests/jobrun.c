@@ -277,3 +277,12 @@ int job_proc_pid(const char *name, int kind, int index)
     job_shm_detach(&shm);
     return pid;
 }
+
+void assert_finishes_like(pid_t pid, const char *name, const char *ref)
+{
+    int rc = wait_exit(pid, name);
+    if (rc != 0)
+        show_log(name);
+    assert_int_equal(rc, 0);
+    assert_same_weights(name, ref);
+}

@@ -47,6 +47,8 @@ int run_job(const char *name, const char *crash_at);
 void job_name_of(const char *name, char *out, size_t len);
 /* Fails unless final weights and metrics are bit-identical to ref's and /dev/shm holds nothing of it. */
 void assert_same_weights(const char *name, const char *ref);
+/* Waits for launcher pid to exit 0 (showing its log otherwise), then assert_same_weights. */
+void assert_finishes_like(pid_t pid, const char *name, const char *ref);
 /* metrics.jsonl's lines (each step once, in order from 1); first and last step. */
 int metrics_lines(const char *name, int *first, int *last);
 /* Waits until launcher `pid` runs the job and has logged step `logged`. */

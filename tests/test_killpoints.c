@@ -210,11 +210,7 @@ static void sigterm_then_kill(const struct variant *v, const char *victim)
     if (rc != expect)
         show_log(name);
     assert_int_equal(rc, expect);
-    rc = run_job(name, NULL);
-    if (rc != 0)
-        show_log(name);
-    assert_int_equal(rc, 0);
-    assert_same_weights(name, ref);
+    assert_finishes_like(start_launcher(name, NULL), name, ref);
 }
 
 static void test_sigterm_then_kill(void **state)

@@ -38,11 +38,7 @@ static void kill_then_relaunch(const struct variant *v, const char *name, const 
     if (rc != (launcher_dies ? 128 + SIGKILL : 0))
         show_log(name);
     assert_int_equal(rc, launcher_dies ? 128 + SIGKILL : 0);
-    rc = run_job(name, NULL);
-    if (rc != 0)
-        show_log(name);
-    assert_int_equal(rc, 0);
-    assert_same_weights(name, ref);
+    assert_finishes_like(start_launcher(name, NULL), name, ref);
 }
 
 /* How often text occurs in the job's launcher.log. */
@@ -115,11 +111,7 @@ static void test_launcher_killed_after_drain(void **state)
     if (rc != 128 + SIGKILL)
         show_log("drain");
     assert_int_equal(rc, 128 + SIGKILL);
-    rc = run_job("drain", NULL);
-    if (rc != 0)
-        show_log("drain");
-    assert_int_equal(rc, 0);
-    assert_same_weights("drain", "ref-drain");
+    assert_finishes_like(start_launcher("drain", NULL), "drain", "ref-drain");
 }
 
 /* (4) Worker 1's poster thread is held at its first gradient of micro-step 1 of step 3 (after it
@@ -148,16 +140,12 @@ static void test_redo_of_a_logged_step(void **state)
     int worker = wait_proc_stopped(pid, "redo", PROC_WORKER, 1);
     printf("# redo: step 2 logged while worker 1 (pid %d) is stopped in its redo; continuing it\n", worker);
     kill(worker, SIGCONT);
-    int rc = wait_exit(pid, "redo");
-    if (rc != 0)
-        show_log("redo");
-    assert_int_equal(rc, 0);
+    assert_finishes_like(pid, "redo", "ref-xchg");
     /* the one gang restart that worker 1's death caused, no other (its late marks used to fail an
      * assertion, or make it skip step 66 and fail the exchange) */
     if (log_count("redo", "slidedp-launch: restarting") != 1)
         show_log("redo");
     assert_int_equal(log_count("redo", "slidedp-launch: restarting"), 1);
-    assert_same_weights("redo", "ref-xchg");
 }
 
 /* (6) Worker 1 stops right after writing its validation sums of step 16; once the launcher has
@@ -172,11 +160,7 @@ static void test_validation_after_restart(void **state)
     int worker = wait_proc_stopped(pid, "val-restart", PROC_WORKER, 1);
     printf("# val-restart: step 16 logged; killing worker 1 (pid %d), stopped after its validation\n", worker);
     kill(worker, SIGKILL);
-    int rc = wait_exit(pid, "val-restart");
-    if (rc != 0)
-        show_log("val-restart");
-    assert_int_equal(rc, 0);
-    assert_same_weights("val-restart", "ref-val");
+    assert_finishes_like(pid, "val-restart", "ref-val");
 }
 
 /* Worker 1 stops itself (SIGSTOP) in step 4: slidedp-stat shows it stalled, the watchdog kills it
@@ -198,12 +182,10 @@ static void test_watchdog(void **state)
     }
     printf("# watchdog: slidedp-stat while worker 1 is stopped:\n%s", out);
     free(out);
-    int rc = wait_exit(pid, "watchdog");
-    if (rc != 0 || log_count("watchdog", "worker 1 stalled") != 1)
+    assert_finishes_like(pid, "watchdog", "ref-a3");
+    if (log_count("watchdog", "worker 1 stalled") != 1)
         show_log("watchdog");
-    assert_int_equal(rc, 0);
     assert_int_equal(log_count("watchdog", "worker 1 stalled"), 1);
-    assert_same_weights("watchdog", "ref-a3");
 }
 
 int main(void)
