@@ -2,46 +2,132 @@
 #include "fault.h"
 
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#define MAX_POINTS 8
+/* Every protocol publish point, by process. A point sits right after a store other processes (or
+ * a relaunch) act on, or right before one that must follow the state it leaves. */
+const char *const fault_points[] = {
+    /* launcher */
+    "launcher_regions_created", /* objects exist, header not written */
+    "launcher_init_block",      /* header published, weights partly drawn or loaded */
+    "launcher_logged",          /* metrics_step stored, the due checkpoint not yet written */
+    "launcher_ckpt_written",    /* checkpoint on disk, ckpt_done_step not yet stored */
+    "launcher_stop_checkpoint", /* stopped: before the checkpoint of the last committed step */
+    /* worker main thread */
+    "worker_slot_writing", "worker_direct_sending", "worker_param_staged", "worker_grad_published",
+    "worker_loss_saved", "worker_val_done",
+    /* worker poster thread */
+    "worker_slot_written", "worker_slot_posted", "worker_pushed", "poster_marked", "poster_rank_done",
+    /* optimizer */
+    "optim_reduce_journaled", "optim_reduced", "optim_freed", "optim_update_journaled", "optim_updated",
+    "optim_norm_written", NULL};
+
+#define MAX_RULES 8
+#define NUM_POINTS (sizeof fault_points / sizeof fault_points[0] - 1)
+
+/* SLIDEDP_FAULT_COUNT=dir: every point's passes, written at exit to dir/<role><index>.<pid> */
+static _Atomic long counts[NUM_POINTS];
+static char count_path[512];
 
 static struct {
-    char name[48];
-    long target, hits;
-} points[MAX_POINTS];
-static int num_points;
+    int point; /* index in fault_points */
+    long target;
+    bool stop, hold;
+    _Atomic long hits;
+} rules[MAX_RULES];
+static int num_rules;
 
-void fault_init(unsigned restarts)
+static int point_index(const char *name)
 {
-    num_points = 0;
+    for (int i = 0; fault_points[i]; i++)
+        if (!strcmp(fault_points[i], name))
+            return i;
+    return -1;
+}
+
+static void write_counts(void)
+{
+    FILE *f = fopen(count_path, "w");
+    if (!f)
+        return;
+    for (size_t i = 0; i < NUM_POINTS; i++)
+        if (atomic_load(&counts[i]))
+            fprintf(f, "%s %ld\n", fault_points[i], atomic_load(&counts[i]));
+    fclose(f);
+}
+
+void fault_init(const char *role, unsigned restarts, int index)
+{
+    num_rules = 0;
+    const char *count_dir = getenv("SLIDEDP_FAULT_COUNT");
+    if (count_dir && !count_path[0]) {
+        snprintf(count_path, sizeof count_path, "%s/%s%d.%d", count_dir, role, index, (int)getpid());
+        atexit(write_counts);
+    }
     const char *spec = getenv("SLIDEDP_CRASH_AT");
     if (!spec)
         return;
     char buf[512];
-    strncpy(buf, spec, sizeof buf - 1);
-    buf[sizeof buf - 1] = 0;
-    for (char *tok = strtok(buf, ","); tok && num_points < MAX_POINTS; tok = strtok(NULL, ",")) {
-        char *colon = strchr(tok, ':');
-        if (!colon)
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok && num_rules < MAX_RULES; tok = strtok_r(NULL, ",", &save)) {
+        char *fields[8];
+        int nf = 0;
+        char *save2 = NULL;
+        for (char *f = strtok_r(tok, ":", &save2); f && nf < 8; f = strtok_r(NULL, ":", &save2))
+            fields[nf++] = f;
+        int point = nf >= 2 ? point_index(fields[0]) : -1;
+        if (point < 0) {
+            fprintf(stderr, "SLIDEDP_CRASH_AT: unknown fault point in '%s'\n", tok);
+            abort();
+        }
+        bool applies = restarts == 0, stop = false, hold = false;
+        for (int i = 2; i < nf; i++) {
+            if (!strcmp(fields[i], "always"))
+                applies = true;
+            else if (!strcmp(fields[i], "stop"))
+                stop = true;
+            else if (!strcmp(fields[i], "hold"))
+                hold = true;
+            else if (fields[i][0] == 'i')
+                applies = restarts == strtoul(fields[i] + 1, NULL, 10);
+        }
+        for (int i = 2; i < nf; i++)
+            if (fields[i][0] == 'r' && strtol(fields[i] + 1, NULL, 10) != index)
+                applies = false;
+        if (!applies)
             continue;
-        *colon = 0;
-        if (restarts > 0 && !strstr(colon + 1, ":always"))
-            continue;
-        strncpy(points[num_points].name, tok, sizeof points[num_points].name - 1);
-        points[num_points].target = strtol(colon + 1, NULL, 10);
-        points[num_points].hits = 0;
-        num_points++;
+        rules[num_rules].point = point;
+        rules[num_rules].target = strtol(fields[1], NULL, 10);
+        rules[num_rules].stop = stop;
+        rules[num_rules].hold = hold;
+        atomic_store(&rules[num_rules].hits, 0);
+        num_rules++;
     }
 }
 
 void fault_point(const char *point)
 {
-    for (int i = 0; i < num_points; i++)
-        if (!strcmp(points[i].name, point) && ++points[i].hits == points[i].target)
-            raise(SIGKILL);
+    if (num_rules == 0 && !count_path[0])
+        return;
+    int p = point_index(point);
+    if (p < 0) {
+        fprintf(stderr, "fault_point: %s is not in the list of fault points\n", point);
+        abort();
+    }
+    atomic_fetch_add(&counts[p], 1);
+    for (int i = 0; i < num_rules; i++) {
+        if (rules[i].point != p || atomic_fetch_add(&rules[i].hits, 1) + 1 != rules[i].target)
+            continue;
+        while (rules[i].hold)
+            pause(); /* this thread only; the process's other threads run on */
+        raise(rules[i].stop ? SIGSTOP : SIGKILL);
+    }
 }
 
 void fault_step(unsigned step, int rank)

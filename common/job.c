@@ -78,6 +78,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "grad_dtype", K_ENUM, OFF(grad_dtype), 0, 0, "fp32|bf16", 0},
     {"runtime", "topology", K_PATH, OFF(topology), 0, 0, NULL, 0},
     {"runtime", "deterministic", K_BOOL, OFF(deterministic), 0, 0, NULL, 0},
+    {"runtime", "watchdog_s", K_INT, OFF(watchdog_s), 0, 86400 * 365, NULL, 0},
     {"log", "dir", K_PATH, OFF(log_dir), 0, 0, NULL, 0},
     {"log", "every", K_INT, OFF(log_every), 1, INT_MAX, NULL, 0},
 };
@@ -107,6 +108,7 @@ void job_config_defaults(struct job_config *job)
     job->gpus = 1;
     job->accumulate_on_device = -1;
     job->deterministic = true;
+    job->watchdog_s = 600;
     snprintf(job->log_dir, sizeof job->log_dir, "runs/demo");
     job->log_every = 1;
 }

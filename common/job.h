@@ -84,6 +84,7 @@ struct job_config {
     char topology[JOB_PATH_MAX]; /* GPU topology description file; empty: probe the host */
     bool deterministic;      /* the same bits on every run (CUDA: no kernel sums with atomics in a
                               * racing order); false: cuDNN's faster attention backward */
+    int watchdog_s;          /* a process with no heartbeat for this long is killed and restarted; 0 = never */
 
     /* [log] */
     char log_dir[JOB_PATH_MAX];

@@ -254,6 +254,22 @@ int checkpoint_check(const struct job_state *st, uint32_t step)
     return 0;
 }
 
+void checkpoint_remove_partial(const struct job_config *job)
+{
+    DIR *d = opendir(job->ckpt_dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[JOB_PATH_MAX + 300];
+        if (!strstr(e->d_name, ".tmp-"))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", job->ckpt_dir, e->d_name);
+        fs_rm_rf(path);
+    }
+    closedir(d);
+}
+
 int checkpoint_load(struct job_state *st, uint32_t step)
 {
     char dir[JOB_PATH_MAX + 32], path[JOB_PATH_MAX + 96];

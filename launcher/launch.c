@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "common/err.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "planner/search.h"
 #include "shm/futex.h"
@@ -58,6 +59,7 @@ struct sup {
     struct child *children;
     int num_children, running, workers_running;
     uv_timer_t poll_timer, kill_timer;
+    uint64_t watched_ns; /* when the watchdog last looked */
     uv_signal_t sigint, sigterm;
     enum sup_state state;
     int exit_code;
@@ -246,21 +248,22 @@ static int open_metrics(struct sup *s)
     return s->metrics ? 0 : sd_err("cannot write %s: %s", path, strerror(errno));
 }
 
-static bool all_flags(const _Atomic uint8_t *flags, int n)
+/* Whether every rank's mark (struct step_record) says `step`. */
+static bool all_marked(const _Atomic uint32_t *marks, int n, uint32_t step)
 {
     for (int r = 0; r < n; r++)
-        if (!atomic_load_explicit(&flags[r], memory_order_acquire))
+        if (atomic_load_explicit(&marks[r], memory_order_acquire) != step)
             return false;
     return true;
 }
 
 /* The step's batch loss (docs/design.md §9.3), NaN while a rank's part is not in. */
-static double step_loss(const struct ctl_header *h, const struct step_record *rec)
+static double step_loss(const struct ctl_header *h, const struct step_record *rec, uint32_t step)
 {
     double sum = 0;
     for (int r = 0; r < h->gpus; r++)
         sum += rec->loss_sum[r];
-    return all_flags(rec->rank_done, h->gpus) ? sum / (double)rec->tokens : NAN;
+    return all_marked(rec->rank_done, h->gpus, step) ? sum / (double)rec->tokens : NAN;
 }
 
 /* x as a JSON number with printf format fmt, or null when it is not finite (JSON has no NaN). */
@@ -281,7 +284,7 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     }
     const struct job_config *job = &s->h->job;
     int G = s->h->gpus;
-    double loss = step_loss(s->h, rec);
+    double loss = step_loss(s->h, rec, step);
     uint64_t t_commit = s->commit_ns[step % CTL_STEP_RECORDS];
     double step_s = (double)(t_commit - s->t_prev) * 1e-9;
     s->t_prev = t_commit;
@@ -289,9 +292,7 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     double tok_s = step_s > 0 ? (double)tokens / step_s : 0;
     char val[160] = "";
     double val_loss = -1, val_acc = 0;
-    bool val_done = is_val_step(s->h, step);
-    for (int r = 0; r < G; r++)
-        val_done &= atomic_load(&rec->val_done[r]) != 0;
+    bool val_done = is_val_step(s->h, step) && all_marked(rec->val_done, G, step);
     if (val_done) {
         double vl = 0;
         int64_t vc = 0, vok = 0;
@@ -353,7 +354,7 @@ static bool step_is_nonfinite(const struct ctl_header *h, uint32_t s, const stru
         return false;
     if (atomic_load_explicit(&rec->norm_written, memory_order_acquire) && !isfinite(rec->grad_norm))
         return true;
-    return all_flags(rec->rank_done, h->gpus) && !isfinite(step_loss(h, rec));
+    return all_marked(rec->rank_done, h->gpus, s) && !isfinite(step_loss(h, rec, s));
 }
 
 /* Stops the job on step s's non-finite loss or gradient norm: its metrics line (with nulls) is
@@ -365,6 +366,25 @@ static void stop_nonfinite(struct sup *s, uint32_t step, const struct step_recor
     write_metrics(s, step, rec);
     transition(s, SUP_FAILED);
     s->exit_code = EXIT_NONFINITE;
+}
+
+/* The periodic checkpoint of logged step `step` when one is due and not written yet (a relaunch
+ * calls it for the last logged step: its dead predecessor may have logged it and died before the
+ * checkpoint the optimizers wait for). */
+static void write_due_checkpoint(struct sup *s, uint32_t step)
+{
+    struct ctl_header *h = s->h;
+    if (h->ckpt_every == 0 || step == 0 || step % h->ckpt_every != 0 || step >= (uint32_t)h->job.steps ||
+        atomic_load(&h->ckpt_done_step) >= step)
+        return;
+    if (checkpoint_write(&s->st, step) != 0)
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+    else
+        printf("checkpoint step-%u written\n", step);
+    fault_point("launcher_ckpt_written");
+    /* release the optimizers even when writing failed: training goes on, the error is reported */
+    atomic_store_explicit(&h->ckpt_done_step, step, memory_order_release);
+    futex_wake_all(&h->ckpt_done_step);
 }
 
 /* Logs every step that is complete, in order, and writes the checkpoints that are due. */
@@ -387,36 +407,51 @@ static void poll_steps(struct sup *s)
         }
         /* acquire: pairs with the release stores that set these flags after the data they cover */
         if (atomic_load_explicit(&rec->step, memory_order_acquire) != next || committed < next ||
-            !atomic_load_explicit(&rec->norm_written, memory_order_acquire) || !all_flags(rec->rank_done, h->gpus))
+            !atomic_load_explicit(&rec->norm_written, memory_order_acquire) ||
+            !all_marked(rec->rank_done, h->gpus, next))
             break;
-        if (is_val_step(h, next) && !all_flags(rec->val_done, h->gpus))
+        if (is_val_step(h, next) && !all_marked(rec->val_done, h->gpus, next))
             break;
         if (write_metrics(s, next, rec) != 0) {
             transition(s, SUP_FAILED);
             break;
         }
-        memset((char *)rec + sizeof rec->step, 0, sizeof *rec - sizeof rec->step);
-        atomic_store_explicit(&rec->step, next + CTL_STEP_RECORDS, memory_order_release);
+        /* logged, then recycled: a relaunch recycles what a dead launcher logged (state_replace_orphans) */
         s->logged = next;
         atomic_store_explicit(&h->metrics_step, next, memory_order_release);
         futex_wake_all(&h->metrics_step);
-        if (h->ckpt_every > 0 && next % h->ckpt_every == 0 && next < (uint32_t)h->job.steps) {
-            if (checkpoint_write(&s->st, next) != 0)
-                fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
-            else
-                printf("checkpoint step-%u written\n", next);
-            /* release the optimizers even when writing failed: training goes on, the error is reported */
-            atomic_store_explicit(&h->ckpt_done_step, next, memory_order_release);
-            futex_wake_all(&h->ckpt_done_step);
-        }
+        fault_point("launcher_logged");
+        ctl_recycle_step(h, next);
+        write_due_checkpoint(s, next);
     }
     if (s->logged == (uint32_t)h->job.steps && s->state == SUP_RUN)
         transition(s, SUP_FINISHING);
 }
 
+/* Kills a running process whose heartbeat is older than runtime.watchdog_s (a hung device call,
+ * a protocol bug): its exit is then handled like any crash, so it is restarted. */
+static void watchdog(struct sup *s)
+{
+    uint64_t now = clock_ns();
+    if (s->st.job.watchdog_s == 0 || now - s->watched_ns < 1000000000ull)
+        return;
+    s->watched_ns = now;
+    uint64_t bound = (uint64_t)s->st.job.watchdog_s * 1000000000ull;
+    for (int i = 0; i < s->num_children; i++) {
+        struct child *c = &s->children[i];
+        uint64_t beat = atomic_load(&ctl_proc(s->h, c->kind, c->index)->heartbeat_ns);
+        if (!c->running || c->gang || now < beat || now - beat <= bound)
+            continue;
+        fprintf(stderr, "slidedp-launch: %s %d stalled (no progress for %d s); killing it\n",
+                c->kind == PROC_WORKER ? "worker" : "optimizer", c->index, s->st.job.watchdog_s);
+        uv_process_kill(&c->proc, SIGKILL);
+    }
+}
+
 static void on_poll(uv_timer_t *t)
 {
     poll_steps(t->data);
+    watchdog(t->data);
 }
 
 /* Whether master, m and v hold exactly the state after `step`: every chunk at that version and no
@@ -444,6 +479,7 @@ static void checkpoint_on_stop(struct sup *s)
         return;
     if (s->nonfinite_step && committed >= s->nonfinite_step)
         return; /* updated during the backward with the non-finite gradients: not worth keeping */
+    fault_point("launcher_stop_checkpoint");
     if (!state_consistent(h, committed)) {
         fprintf(stderr, "slidedp-launch: step %u was partly applied when the job stopped; the newest consistent "
                         "checkpoint is step-%u on disk\n",
@@ -483,7 +519,7 @@ static void describe_nonfinite(struct sup *s)
     const struct job_state *st = &s->st;
     const struct step_record *rec = ctl_step(s->h, s->nonfinite_step);
     char loss[32], norm[32];
-    snprintf(loss, sizeof loss, "%g", step_loss(s->h, rec));
+    snprintf(loss, sizeof loss, "%g", step_loss(s->h, rec, s->nonfinite_step));
     if (atomic_load(&rec->norm_written))
         snprintf(norm, sizeof norm, "%g", rec->grad_norm);
     else
@@ -585,6 +621,7 @@ static void schedule_restart(struct sup *s, struct child *c, int delay_ms)
     if (c->kind == PROC_WORKER)
         ctl_repair_slots(s->h, c->index);
     atomic_fetch_add(&slot->generation, 1);
+    atomic_fetch_add(&s->h->generation, 1); /* the job's repairs, for monitors */
     atomic_fetch_add(&slot->restarts, 1);
     c->restart_pending = true;
     s->pending_restarts++;
@@ -650,7 +687,10 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
         s->workers_running--;
     uv_close((uv_handle_t *)proc, NULL);
     const char *what = c->kind == PROC_WORKER ? "worker" : "optimizer";
-    bool clean = status == 0 && term_signal == 0;
+    /* a clean exit before the process's work is done (it saw the job torn down or a step abandoned
+     * that a relaunch has since revived) leaves its part undone: a crash like any other */
+    bool clean = status == 0 && term_signal == 0 &&
+                 (s->state != SUP_RUN || atomic_load(&ctl_proc(s->h, c->kind, c->index)->phase) == PHASE_DONE);
     if (c->gang) {
         c->gang = false;
         if (--s->gang_dying == 0)
@@ -740,7 +780,10 @@ static int spawn_child(struct sup *s, struct child *c)
     s->running++;
     if (c->kind == PROC_WORKER)
         s->workers_running++;
-    atomic_store(&ctl_proc(s->h, c->kind, c->index)->pid, c->proc.pid);
+    struct proc_slot *slot = ctl_proc(s->h, c->kind, c->index);
+    atomic_store(&slot->pid, c->proc.pid);
+    atomic_store(&slot->start_ticks, proc_start_ticks(c->proc.pid));
+    atomic_store(&slot->heartbeat_ns, clock_ns()); /* the watchdog gives it its whole bound to start */
     return 0;
 }
 
@@ -822,6 +865,7 @@ int launch_run(const struct launch_opts *opts)
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    fault_init("launcher", 0, 0);
     struct sup *s = calloc(1, sizeof *s);
     if (!s) {
         fprintf(stderr, "slidedp-launch: out of memory\n");
@@ -866,6 +910,7 @@ int launch_run(const struct launch_opts *opts)
     if (model_config_seq_len_warning(&s->st.cfg, job->seq_len, warning, sizeof warning))
         fprintf(stderr, "slidedp-launch: %s\n", warning);
     s->h = s->st.shm.ctl;
+    checkpoint_remove_partial(job);
     if (s->st.adopted) {
         state_replace_orphans(&s->st);
         printf("slidedp: adopting the state a dead launcher left: step %u committed, %u logged\n",
@@ -874,6 +919,8 @@ int launch_run(const struct launch_opts *opts)
         printf("slidedp: resuming from checkpoint step-%u\n", s->st.resumed_step);
     }
     s->logged = s->commits_seen = atomic_load(&s->h->metrics_step);
+    if (s->st.adopted)
+        write_due_checkpoint(s, s->logged);
     snprintf(s->metrics_path, sizeof s->metrics_path, "%s/metrics.jsonl", job->log_dir);
     if (s->logged > 0 && open_metrics(s) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());

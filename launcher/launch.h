@@ -36,7 +36,11 @@ struct job_state {
 int state_create(struct job_state *st);
 /* Unmaps and removes the job's shm objects. */
 void state_destroy(struct job_state *st);
-/* Stops any process of a dead launcher that still runs, and frees what they held (adoption). */
+/* A process's start time in clock ticks since boot (/proc/<pid>/stat field 22); 0 when it is gone. */
+uint64_t proc_start_ticks(int pid);
+/* Stops any process of a dead launcher that still runs (the pid in its slot, with the start time
+ * recorded there and our --job on its command line: never another process that reused the pid),
+ * and frees what they held (adoption). */
 void state_replace_orphans(struct job_state *st);
 
 /* Before anything is created (preflight.c): log.dir and checkpoint.dir exist as writable
@@ -51,6 +55,9 @@ int checkpoint_latest(const struct job_config *job, uint32_t *step);
 /* Refuses to resume from step-S/ when it is past train.steps or does not match the model (every
  * state tensor present with its size), with a hint; reads only the file's header. */
 int checkpoint_check(const struct job_state *st, uint32_t step);
+/* Removes what a launcher that died while writing a checkpoint or the export left: the
+ * `<name>.tmp-<pid>` directories in checkpoint.dir. */
+void checkpoint_remove_partial(const struct job_config *job);
 /* Loads master, m and v of step-S/ into the state (the layout must match). */
 int checkpoint_load(struct job_state *st, uint32_t step);
 

@@ -14,6 +14,7 @@
 #include "common/bf16.h"
 #include "common/data.h"
 #include "common/err.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/hf.h"
 #include "common/rng.h"
@@ -79,6 +80,7 @@ static void *init_thread(void *arg)
         int64_t i = atomic_fetch_add(&ctx->next, 1);
         if (i >= ctx->num_items)
             return NULL;
+        fault_point("launcher_init_block");
         init_block(ctx, (int)ctx->item_tensor[i], ctx->item_block[i]);
     }
 }
@@ -150,38 +152,55 @@ static int check_host_memory(uint64_t need)
     return 0;
 }
 
-/* Looks for the objects of the same job: 0 when there are none, 1 when a dead launcher left a
- * state of this very configuration behind (to be adopted), -1 (with the reason) when a live job
- * holds them or they belong to another configuration. */
+/* Removes the job's objects other than ctl (ctl is created first and removed first). */
+static void unlink_data_regions(const char *job_name)
+{
+    const char *rest[3] = {"params16", "master", "grads"};
+    for (int i = 0; i < 3; i++) {
+        char other[REGION_NAME_MAX];
+        ctl_region_name(job_name, rest[i], other, sizeof other);
+        shm_region_unlink(other);
+    }
+}
+
+/* Looks for the objects of the same job: 0 when there are none (or only a state whose launcher died
+ * before its weights were in place: nothing was trained, so it is removed), 1 when a dead launcher
+ * left an initialised state of this very configuration behind (to be adopted), -1 (with the
+ * reason) when a live job holds them, they belong to another configuration, or are not ours. */
 static int check_existing_state(const struct job_state *st)
 {
     char name[REGION_NAME_MAX];
     ctl_region_name(st->job_name, "ctl", name, sizeof name);
     if (!shm_region_exists(name)) {
-        /* ctl is created first and removed first: without it, any other object of this job is a
-         * leftover of a launcher that died while creating or removing the state */
-        const char *rest[3] = {"params16", "master", "grads"};
-        for (int i = 0; i < 3; i++) {
-            char other[REGION_NAME_MAX];
-            ctl_region_name(st->job_name, rest[i], other, sizeof other);
-            shm_region_unlink(other);
-        }
+        /* without ctl, any other object of this job is a leftover of a launcher that died while
+         * creating or removing the state */
+        unlink_data_regions(st->job_name);
         return 0;
     }
     struct shm_region r;
     int pid = 0;
-    bool same = false;
-    if (shm_region_attach(&r, name, false) == 0) {
-        struct ctl_header *h = r.base;
-        if (r.size >= sizeof *h && h->magic == CTL_MAGIC && h->version == CTL_VERSION) {
-            pid = atomic_load(&h->launcher_pid);
-            same = h->job_hash == st->job_hash;
-        }
-        shm_region_detach(&r);
+    bool same = false, unfinished = false;
+    if (shm_region_attach(&r, name, false) != 0)
+        return -1;
+    struct ctl_header *h = r.base;
+    if (r.size >= sizeof *h && h->magic == CTL_MAGIC && h->version == CTL_VERSION) {
+        pid = atomic_load(&h->launcher_pid);
+        same = h->job_hash == st->job_hash;
+        unfinished = !atomic_load_explicit(&h->initialised, memory_order_acquire);
+    } else if (r.size >= sizeof *h && h->magic == 0) {
+        unfinished = true; /* created, the header never written */
     }
+    shm_region_detach(&r);
     if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM))
         return sd_err("job %s (log.dir %s) is already running under launcher pid %d", st->job_name, st->job.log_dir,
                       pid);
+    if (unfinished) {
+        printf("slidedp: removing the shared state of a launcher that died while creating it (nothing was "
+               "trained)\n");
+        shm_region_unlink(name);
+        unlink_data_regions(st->job_name);
+        return 0;
+    }
     if (same)
         return 1;
     return sd_err("stale shared memory of a dead job with a different configuration is in /dev/shm/slidedp.%s.* "
@@ -298,6 +317,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->off_steps = sz->off_steps;
     h->off_journals = sz->off_journals;
     h->off_xchg = sz->off_xchg;
+    h->off_losses = sz->off_losses;
     h->size = sz->ctl_bytes;
     h->created_ns = clock_ns();
     atomic_store(&h->launcher_pid, (int32_t)getpid());
@@ -342,16 +362,45 @@ static void map_views(struct job_state *st)
         st->shm.grad_acc = bf16 ? NULL : st->shm.grads;
 }
 
-static bool is_our_child(int pid)
+uint64_t proc_start_ticks(int pid)
 {
-    char path[64], comm[64] = "";
-    snprintf(path, sizeof path, "/proc/%d/comm", pid);
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* after "pid (comm) ": the comm may hold spaces and parentheses, so count from the last ')' */
+    char *p = strrchr(buf, ')');
+    unsigned long long ticks = 0;
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    if (!p || sscanf(p + 1, "%llu", &ticks) != 1)
+        return 0;
+    return ticks;
+}
+
+/* Whether pid is still the process the slot describes: the start time the launcher recorded, and
+ * "--job <our job>" on its command line. */
+static bool is_our_orphan(int pid, const struct proc_slot *slot, const char *job_name)
+{
+    uint64_t start = atomic_load(&slot->start_ticks);
+    if (pid <= 0 || start == 0 || proc_start_ticks(pid) != start)
+        return false;
+    char path[64], args[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
     FILE *f = fopen(path, "r");
     if (!f)
         return false;
-    bool ok = fgets(comm, sizeof comm, f) && (!strncmp(comm, "slidedp-worker", 14) || !strncmp(comm, "slidedp-optim", 13));
+    size_t n = fread(args, 1, sizeof args - 1, f);
     fclose(f);
-    return ok;
+    args[n] = 0;
+    for (size_t i = 0; i < n; i += strlen(args + i) + 1)
+        if (!strcmp(args + i, "--job") && i + 6 < n && !strcmp(args + i + 6, job_name))
+            return true;
+    return false;
 }
 
 void state_replace_orphans(struct job_state *st)
@@ -363,15 +412,13 @@ void state_replace_orphans(struct job_state *st)
         int pid = atomic_load(&slots[i].pid);
         /* a new generation fences anything a survivor might still do */
         atomic_fetch_add(&slots[i].generation, 1);
-        if (pid > 0 && is_our_child(pid))
+        if (is_our_orphan(pid, &slots[i], st->job_name))
             kill(pid, SIGKILL);
     }
     for (int tries = 0; tries < 200; tries++) {
         bool alive = false;
-        for (int i = 0; i < n; i++) {
-            int pid = atomic_load(&slots[i].pid);
-            alive |= pid > 0 && is_our_child(pid);
-        }
+        for (int i = 0; i < n; i++)
+            alive |= is_our_orphan(atomic_load(&slots[i].pid), &slots[i], st->job_name);
         if (!alive)
             break;
         usleep(10000);
@@ -379,9 +426,18 @@ void state_replace_orphans(struct job_state *st)
     for (int r = 0; r < h->gpus; r++)
         ctl_repair_slots(h, r);
     ctl_xchg_reset(h, ctl_committed_step(h)); /* every worker starts again at the first uncommitted step */
+    /* the dead launcher may have logged a step without recycling its record */
+    uint32_t logged = atomic_load(&h->metrics_step);
+    for (uint32_t s = logged + 1; s <= logged + CTL_STEP_RECORDS; s++) {
+        struct step_record *rec = ctl_step(h, s);
+        if (atomic_load(&rec->step) != s)
+            ctl_recycle_step(h, s - CTL_STEP_RECORDS);
+    }
+    atomic_fetch_add(&h->generation, 1);
     atomic_store(&h->launcher_pid, (int32_t)getpid());
     atomic_store(&h->stop, STOP_NONE);
     atomic_store(&h->stop_step, 0);
+    atomic_store(&h->abandoned_step, 0); /* a drain's verdict on a step that will now be completed */
     atomic_store(&h->workers_ready, 0);
 }
 
@@ -428,7 +484,7 @@ int state_create(struct job_state *st)
     ctl_window_layout(st->lay.max_chunk_numel, job->gpus, 4, st->plan.grad_route == GRADS_GPU,
                       st->plan.param_route == PARAMS_SHARDED, &win);
     uint64_t window_shm = plan_uses_exchange(&st->plan, job->gpus) && job->device == DEVICE_CPU ? win.total : 0;
-    int rc = ctl_compute_sizes(job->gpus, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
+    int rc = ctl_compute_sizes(job->gpus, job->grad_accum, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
                                st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
                                keep_prev, plan_grads_direct(&st->plan, job->gpus, job->grad_accum),
                                plan_grads_bf16(&st->plan, job), job->optimizer_state, window_shm, &sz);
@@ -441,6 +497,11 @@ int state_create(struct job_state *st)
         if (attach_regions(st) != 0)
             return -1;
         map_views(st);
+        if (ctl_validate(st->shm.ctl, st->ctl_region.size, st->ctl_region.name) != 0) {
+            st->created = false; /* not ours to remove */
+            state_destroy(st);
+            return -1;
+        }
         if (st->shm.ctl->size != sz.ctl_bytes || st->params16_region.size != sz.params16_bytes ||
             st->master_region.size != sz.master_bytes || st->grads_region.size != sz.grads_bytes) {
             st->created = false; /* not ours to remove */
@@ -473,23 +534,23 @@ int state_create(struct job_state *st)
         hf_weights_close(&weights);
         return -1;
     }
+    fault_point("launcher_regions_created");
     map_views(st);
     fill_ctl(st, &sz);
-    if (st->resumed_step > 0) {
-        hf_weights_close(&weights);
-        if (checkpoint_load(st, st->resumed_step) != 0) {
-            state_destroy(st);
-            return -1;
-        }
-        return init_weights(st, false);
-    }
-    if (!job->init_random && hf_weights_load(&weights, &st->lay, st->shm.master) != 0) {
-        hf_weights_close(&weights);
+    if (st->resumed_step > 0)
+        rc = checkpoint_load(st, st->resumed_step) != 0 ? -1 : init_weights(st, false);
+    else if (!job->init_random && hf_weights_load(&weights, &st->lay, st->shm.master) != 0)
+        rc = -1;
+    else
+        rc = init_weights(st, job->init_random);
+    hf_weights_close(&weights);
+    if (rc != 0) {
         state_destroy(st);
         return -1;
     }
-    hf_weights_close(&weights);
-    return init_weights(st, job->init_random);
+    /* release: the weights and the header are complete before a relaunch may adopt them */
+    atomic_store_explicit(&st->shm.ctl->initialised, 1, memory_order_release);
+    return 0;
 }
 
 void state_destroy(struct job_state *st)

@@ -174,14 +174,21 @@ static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t c
     j->block = block;
     j->offset = off;
     j->n = n;
-    /* release: the staging block and the fields above are complete before the record is valid */
+    /* release: the staging block and the fields above are complete before the record is valid; the
+     * signal fence also keeps the compiler from sinking those plain stores past it (a crash right
+     * after the store must find them in memory) */
+    atomic_signal_fence(memory_order_seq_cst);
     atomic_store_explicit(&j->state, (uint32_t)kind, memory_order_release);
     fault_point(kind == JOURNAL_REDUCE ? "optim_reduce_journaled" : "optim_update_journaled");
     journal_apply(o, l);
 }
 
+/* After the block is in place and the lane's progress is past it. */
 static void journal_clear(struct lane *l)
 {
+    /* the plain stores of journal_apply (the block in place) stay before the clear: a record
+     * cleared while its block is still only in registers would lose it in a crash */
+    atomic_signal_fence(memory_order_seq_cst);
     atomic_store_explicit(&l->journal->state, JOURNAL_EMPTY, memory_order_release);
 }
 
@@ -401,6 +408,25 @@ static int first_pending(struct optim *o)
     return -1;
 }
 
+/* A descriptor from rank r's ring must be one a worker of that rank could have pushed: its
+ * generation one the launcher has handed out (a later one would be a writer that was never
+ * started), a chunk of ours, a step not ahead of s, a slot and elements within bounds. */
+static void check_desc(struct optim *o, const struct chunk_desc_msg *d, int r, uint32_t s)
+{
+    struct ctl_header *h = o->ctl;
+    uint32_t gen = atomic_load(&ctl_proc(h, PROC_WORKER, r)->generation);
+    bool ok = d->kind == DESC_GRAD && d->rank == (uint32_t)r && d->generation >= 1 && d->generation <= gen &&
+              d->chunk < (uint32_t)h->num_chunks && o->chunk_pos[d->chunk] >= 0 && d->step <= s &&
+              (d->slot == DESC_SLOT_DIRECT || d->slot < (uint32_t)h->grad_slots) &&
+              d->elem_begin + d->elem_count <= (uint64_t)ctl_chunks(h)[d->chunk].numel;
+    if (!ok) {
+        fprintf(stderr, "optimizer %d: a corrupt gradient descriptor from rank %d (generation %u of %u, chunk %u, step %u "
+                        "at step %u)\n",
+                o->index, r, d->generation, gen, d->chunk, d->step, s);
+        abort();
+    }
+}
+
 /* Drains the rings until every owned chunk's gradient of step s is complete (and, with update_now,
  * updated). Returns 1 if the step was abandoned (workers gone before finishing it), -1 if torn
  * down, 0 when complete.
@@ -434,7 +460,7 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
             /* once our chunks are complete, the workers may post the next step's gradients: they
              * wait for the next call */
             while (remaining > 0 && ring_peek(ring, &d)) {
-                SD_ASSERT(d.kind == DESC_GRAD && d.step <= s);
+                check_desc(o, &d, r, s);
                 struct chunk_state *cs = ctl_chunk_state(h, (int)d.chunk);
                 if (chunk_grad_consumed(cs, d.step, d.micro)) { /* added before a crash; only the release was missing */
                     release_desc(o, ring, &d);
@@ -606,7 +632,7 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     o->index = args->index;
     o->slot = ctl_proc(h, PROC_OPTIM, o->index);
     o->generation = atomic_load(&o->slot->generation);
-    fault_init(atomic_load(&o->slot->restarts));
+    fault_init("optim", atomic_load(&o->slot->restarts), args->index);
     atomic_store(&o->slot->pid, (int32_t)getpid());
     set_phase(o, PHASE_STARTING);
     o->threads = h->plan.optim_threads;
@@ -694,6 +720,7 @@ int optim_run(const struct optim_args *args)
             rec->lr = job_lr_at(&h->job, (int)s);
             rec->clip_coef = coef;
             atomic_store_explicit(&rec->norm_written, 1, memory_order_release);
+            fault_point("optim_norm_written");
         }
         /* A non-finite norm: the weights stay those of step s-1 (unless this step's updates ran
          * during the backward); the launcher sees the norm and stops the job. */

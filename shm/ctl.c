@@ -33,13 +33,12 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
     return mul_ok(n, sz, &bytes) && add_ok(cursor, bytes);
 }
 
-int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
-                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes,
-                      struct ctl_sizes *out)
+int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threads, int grad_slots, int num_tensors,
+                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
+                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes, struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
-    if (gpus < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
+    if (gpus < 1 || grad_accum < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
         optim_threads > CTL_MAX_OPTIM_THREADS || grad_slots < 1 || grad_slots >= RING_CAP)
         return sd_err("bad job shape: gpus=%d optim_procs=%d grad_slots=%d", gpus, optim_procs, grad_slots);
     uint64_t c = sizeof(struct ctl_header);
@@ -52,7 +51,9 @@ int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slo
               place(&c, &out->off_procs, (uint64_t)(gpus + optim_procs), sizeof(struct proc_slot)) &&
               place(&c, &out->off_steps, CTL_STEP_RECORDS, sizeof(struct step_record)) &&
               place(&c, &out->off_journals, (uint64_t)optim_procs * (uint64_t)optim_threads, sizeof(struct journal)) &&
-              place(&c, &out->off_xchg, (uint64_t)gpus, sizeof(struct xchg_rank));
+              place(&c, &out->off_xchg, (uint64_t)gpus, sizeof(struct xchg_rank)) &&
+              place(&c, &out->off_losses, (uint64_t)CTL_STEP_RECORDS * (uint64_t)gpus * (uint64_t)grad_accum,
+                    sizeof(struct loss_progress));
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
     uint64_t state_size = ctl_state_size(state);
@@ -158,6 +159,13 @@ void ctl_repair_slots(struct ctl_header *h, int rank)
     }
 }
 
+void ctl_recycle_step(struct ctl_header *h, uint32_t s)
+{
+    struct step_record *rec = ctl_step(h, s);
+    memset((char *)rec + sizeof rec->step, 0, sizeof *rec - sizeof rec->step);
+    atomic_store_explicit(&rec->step, s + CTL_STEP_RECORDS, memory_order_release);
+}
+
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len)
 {
     snprintf(out, len, "/slidedp.%s.%s", job_name, what);
@@ -169,6 +177,44 @@ void ctl_job_name(const char *log_dir, char *out, size_t len)
     for (const unsigned char *p = (const unsigned char *)log_dir; *p; p++)
         h = (h ^ *p) * 0x100000001b3ull;
     snprintf(out, len, "%012llx", (unsigned long long)(h & 0xffffffffffffull));
+}
+
+int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *name)
+{
+    if (ctl_bytes < sizeof *h || h->magic != CTL_MAGIC || h->version != CTL_VERSION || h->header_size != sizeof *h)
+        return sd_err("%s is not a slidedp ctl region of version %d", name, CTL_VERSION);
+    struct ctl_sizes sz;
+    bool ok = h->gpus >= 1 && h->gpus <= JOB_MAX_GPUS && h->gpus == h->job.gpus && h->num_chunks >= 1 &&
+              h->num_tensors >= h->num_chunks && h->total_numel >= h->max_chunk_numel && h->max_chunk_numel >= 1 &&
+              h->optim_procs == h->plan.optim_procs && h->ckpt_every == (uint32_t)h->job.ckpt_every &&
+              ctl_compute_sizes(h->gpus, h->job.grad_accum, h->optim_procs, h->plan.optim_threads, h->grad_slots,
+                                h->num_tensors, h->num_chunks, h->total_numel, h->max_chunk_numel, h->keep_prev,
+                                h->grads_direct, h->grads_bf16, h->job.optimizer_state, h->window_shm_bytes, &sz) == 0;
+    ok = ok && h->off_tensors == sz.off_tensors && h->off_chunks == sz.off_chunks &&
+         h->off_chunk_state == sz.off_chunk_state && h->off_rings == sz.off_rings && h->off_slots == sz.off_slots &&
+         h->off_doorbells == sz.off_doorbells && h->off_procs == sz.off_procs && h->off_steps == sz.off_steps &&
+         h->off_journals == sz.off_journals && h->off_xchg == sz.off_xchg && h->off_losses == sz.off_losses &&
+         h->size == sz.ctl_bytes && h->size <= ctl_bytes && h->params16_bytes == sz.params16_bytes &&
+         h->master_bytes == sz.master_bytes && h->grads_bytes == sz.grads_bytes;
+    if (!ok)
+        return sd_err("%s has a corrupt header: its table offsets or sizes do not match its job shape or its size "
+                      "of %llu bytes; refusing to use it",
+                      name, (unsigned long long)ctl_bytes);
+    return 0;
+}
+
+/* Attaches the job's object `what` (index i of regs), which must be `bytes` long. */
+static int attach_sized(struct shm_region *regs, int i, const char *job_name, const char *what, bool writable,
+                        uint64_t bytes)
+{
+    char name[REGION_NAME_MAX];
+    ctl_region_name(job_name, what, name, sizeof name);
+    if (shm_region_attach(&regs[i], name, writable) != 0)
+        return -1;
+    if (regs[i].size != bytes)
+        return sd_err("shared memory %s is %zu bytes, its header says %llu; refusing to use it", name, regs[i].size,
+                      (unsigned long long)bytes);
+    return 0;
 }
 
 int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only)
@@ -184,26 +230,20 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
     if (shm_region_attach(&regs[0], name, !ctl_read_only) != 0)
         goto fail;
     s->ctl = regs[0].base;
-    if (regs[0].size < sizeof(struct ctl_header) || s->ctl->magic != CTL_MAGIC || s->ctl->version != CTL_VERSION ||
-        s->ctl->size > regs[0].size) {
-        sd_err("%s is not a slidedp ctl region of version %d", name, CTL_VERSION);
+    if (ctl_validate(s->ctl, regs[0].size, name) != 0)
         goto fail;
-    }
     if (what & (JOB_MAP_PARAMS_RO | JOB_MAP_PARAMS_RW)) {
-        ctl_region_name(job_name, "params16", name, sizeof name);
-        if (shm_region_attach(&regs[1], name, (what & JOB_MAP_PARAMS_RW) != 0) != 0)
+        if (attach_sized(regs, 1, job_name, "params16", (what & JOB_MAP_PARAMS_RW) != 0, s->ctl->params16_bytes) != 0)
             goto fail;
         s->params16 = regs[1].base;
     }
     if (what & JOB_MAP_MASTER) {
-        ctl_region_name(job_name, "master", name, sizeof name);
-        if (shm_region_attach(&regs[2], name, true) != 0)
+        if (attach_sized(regs, 2, job_name, "master", true, s->ctl->master_bytes) != 0)
             goto fail;
         job_shm_master_views(s, regs[2].base, s->ctl->total_numel, s->ctl->grads_direct, s->ctl->job.optimizer_state);
     }
     if (what & JOB_MAP_GRADS) {
-        ctl_region_name(job_name, "grads", name, sizeof name);
-        if (shm_region_attach(&regs[3], name, true) != 0)
+        if (attach_sized(regs, 3, job_name, "grads", true, s->ctl->grads_bytes) != 0)
             goto fail;
         s->grads = regs[3].base;
         if (s->ctl->grads_bf16)

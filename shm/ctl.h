@@ -54,6 +54,14 @@ enum proc_phase {
     PHASE_COUNT
 };
 
+/* A process's heartbeat_ns older than this is a stall: half the job's watchdog bound (the launcher
+ * kills it at the whole), or a minute without a watchdog. Alive processes beat at every phase,
+ * every chunk and every wait slice (100 ms). */
+static inline uint64_t ctl_stall_ns(const struct job_config *job)
+{
+    return job->watchdog_s > 0 ? (uint64_t)job->watchdog_s * 500000000ull : 60000000000ull;
+}
+
 /* One per worker and optimizer process. Written by its owner (and by the launcher when it
  * (re)starts the process); read by anyone. */
 struct proc_slot {
@@ -64,6 +72,8 @@ struct proc_slot {
     _Atomic uint32_t step;
     _Atomic int32_t chunk;
     _Atomic uint32_t restarts;
+    _Atomic uint64_t start_ticks; /* the process's start time (/proc/<pid>/stat), set by the launcher
+                                   * at spawn: with --job, what identifies an orphan to kill */
     /* monotonically increasing counters for monitors */
     _Atomic uint64_t bytes_in;   /* weights fetched (workers), gradient bytes reduced (optimizers) */
     _Atomic uint64_t bytes_out;  /* gradients sent (workers), bf16 bytes published (optimizers) */
@@ -167,12 +177,13 @@ struct doorbell {
     alignas(64) _Atomic uint32_t seq;
 };
 
-/* A worker's loss over its first `done` micro-steps of a step, saved as soon as each micro-step's
- * loss is known (before its backward), in two alternating copies: `done` is cleared before `sum`
- * changes and set after, so a crash leaves the copies for the last two micro-steps, one of which
- * matches the micro-steps whose gradients were all posted (`posted`). */
+/* A worker's loss over its first `done` micro-steps of a step, saved as soon as the last of them
+ * is known (before its backward), one entry per micro-step (ctl_loss_progress): however far the
+ * main thread runs ahead of the poster, a restart finds the sum for the micro-steps whose
+ * gradients were all posted (`posted`). The key (micro_key(step, done), 0 while being written)
+ * tags the entry with its step, so an entry of a step 64 earlier is never taken for it. */
 struct loss_progress {
-    _Atomic uint32_t done; /* micro-steps included; 0 while being written */
+    _Atomic uint64_t key;
     double sum;
 };
 
@@ -195,15 +206,17 @@ struct xchg_rank {
     uint8_t window_handle[64];             /* cudaIpcMemHandle_t of the window (CUDA backend) */
 };
 
+/* One step's record, recycled for step + CTL_STEP_RECORDS once the launcher has logged it. A worker
+ * redoing a step after a restart may find its record already recycled, so each per-rank mark holds
+ * the step it is for (not a bare flag): a late write is never read as the later step's. */
 struct step_record {
     alignas(64) _Atomic uint32_t step;         /* the step this record holds */
     _Atomic uint32_t norm_written;             /* grad_norm, lr and clip_coef are set */
     int64_t tokens;                            /* unmasked targets in the global batch */
     double grad_norm, lr, clip_coef;
-    _Atomic uint8_t rank_done[JOB_MAX_GPUS];   /* the rank posted every gradient of the step */
-    _Atomic uint8_t val_done[JOB_MAX_GPUS];    /* the rank wrote its validation sums */
-    struct loss_progress loss[JOB_MAX_GPUS][2];
-    _Atomic uint32_t posted[JOB_MAX_GPUS];     /* micro-steps whose gradients are all posted, per rank */
+    _Atomic uint32_t rank_done[JOB_MAX_GPUS];  /* = step: the rank posted every gradient of the step */
+    _Atomic uint32_t val_done[JOB_MAX_GPUS];   /* = step: the rank wrote its validation sums */
+    _Atomic uint64_t posted[JOB_MAX_GPUS];     /* micro_key(step, micro-steps whose gradients are all posted) */
     double loss_sum[JOB_MAX_GPUS];             /* written before rank_done */
     double val_loss_sum[JOB_MAX_GPUS];
     int64_t val_count[JOB_MAX_GPUS];
@@ -217,9 +230,12 @@ struct ctl_header {
     char job_name[64];
     uint64_t job_hash;              /* identifies the job's configuration across relaunches */
     _Atomic int32_t launcher_pid;
-    _Atomic uint32_t generation;    /* bumped on every repair; stale writers are fenced out */
+    _Atomic uint32_t generation;    /* bumped on every repair (a restart, an adoption); each process is
+                                     * fenced out by its own slot's generation */
     _Atomic uint32_t stop;          /* enum stop_level */
     _Atomic uint32_t stop_step;     /* with STOP_AT_BOUNDARY: 1 + the last step workers run (0: not decided) */
+    _Atomic uint32_t initialised;   /* stored last (release) once the weights are in place: a state
+                                     * without it was never trained and is recreated */
     uint64_t created_ns;
     uint64_t start_ns;
 
@@ -242,7 +258,7 @@ struct ctl_header {
 
     /* offsets from the start of the region */
     uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps,
-        off_journals, off_xchg;
+        off_journals, off_xchg, off_losses;
     uint64_t size;
 
     struct job_stats stats;
@@ -259,7 +275,7 @@ struct ctl_header {
 /* Region sizes and offsets for a job shape; overflow-checked. */
 struct ctl_sizes {
     uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps,
-        off_journals, off_xchg;
+        off_journals, off_xchg, off_losses;
     uint64_t ctl_bytes, params16_bytes, master_bytes, grads_bytes;
 };
 /* keep_prev: params16 gets a second copy (versions by parity) for updates during the backward. grads_direct: the
@@ -271,10 +287,9 @@ struct ctl_sizes {
  * process has exited. */
 void ctl_repair_slots(struct ctl_header *h, int rank);
 
-int ctl_compute_sizes(int gpus, int optim_procs, int optim_threads, int grad_slots, int num_tensors, int num_chunks,
-                      int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes,
-                      struct ctl_sizes *out);
+int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threads, int grad_slots, int num_tensors,
+                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
+                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes, struct ctl_sizes *out);
 
 /* One rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk in fp32 (GPU-side
  * gradients), then XCHG_SLOTS parameter-shard slots of weight_size-byte elements (sharded
@@ -293,6 +308,9 @@ bool ctl_grad_out(struct ctl_header *h, int r, int c, uint32_t s, uint32_t m);
  * rank's gradients of that one are already out (redoing it could read chunks its completion
  * updates), with no windows published; sets xchg_first_step. Only while no worker runs. */
 void ctl_xchg_reset(struct ctl_header *h, uint32_t committed);
+
+/* Clears step s's record (logged) and hands it to step s + CTL_STEP_RECORDS. */
+void ctl_recycle_step(struct ctl_header *h, uint32_t s);
 
 /* Names of the job's shm objects: "/slidedp.<job>.<what>". */
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len);
@@ -331,6 +349,13 @@ static inline struct proc_slot *ctl_proc(struct ctl_header *h, int kind, int ind
 static inline struct step_record *ctl_step(struct ctl_header *h, uint32_t step)
 {
     return (struct step_record *)((char *)h + h->off_steps) + (step % CTL_STEP_RECORDS);
+}
+/* Rank r's saved loss over the first `done` (>= 1) micro-steps of a step. */
+static inline struct loss_progress *ctl_loss_progress(struct ctl_header *h, uint32_t step, int rank, uint32_t done)
+{
+    size_t per_step = (size_t)h->gpus * (size_t)h->job.grad_accum;
+    return (struct loss_progress *)((char *)h + h->off_losses) + (step % CTL_STEP_RECORDS) * per_step +
+           (size_t)rank * (size_t)h->job.grad_accum + (done - 1);
 }
 static inline struct journal *ctl_journal(struct ctl_header *h, int optim, int thread)
 {
@@ -377,7 +402,12 @@ struct job_shm {
 };
 
 enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MASTER = 8, JOB_MAP_GRADS = 16 };
-/* Attaches a running job's objects; ctl writable unless ctl_read_only (monitors). */
+/* Whether a ctl header describes itself consistently: magic and version, then every table offset
+ * and size as ctl_compute_sizes places them for the header's job shape, within the ctl object's
+ * size (ctl_bytes); 0 or -1 with the reason. Checked before any offset is used. */
+int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *name);
+/* Attaches a running job's objects (each must be ours, mode 0600, and as large as the header
+ * says); ctl writable unless ctl_read_only (monitors). On failure nothing stays mapped. */
 int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only);
 void job_shm_detach(struct job_shm *s);
 /* Points the views into the master region at base: master, then m and v (fp32 or bf16), then the

@@ -18,6 +18,7 @@ int shm_region_create(struct shm_region *r, const char *name, size_t size)
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0)
         return sd_err("cannot create shared memory %s: %s", name, strerror(errno));
+    fchmod(fd, 0600); /* whatever the umask: attaching checks for exactly this mode */
     int rc = posix_fallocate(fd, 0, (off_t)size);
     if (rc != 0) {
         close(fd);
@@ -45,7 +46,25 @@ int shm_region_attach(struct shm_region *r, const char *name, bool writable)
     if (fd < 0)
         return sd_err("cannot open shared memory %s: %s", name, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return sd_err("cannot stat shared memory %s: %s", name, strerror(e));
+    }
+    /* only what we created (0600, ours): another local user must not be able to plant a state */
+    if (st.st_uid != geteuid()) {
+        close(fd);
+        return sd_err("shared memory /dev/shm%s belongs to uid %u, not to us (uid %u): another user holds this job's "
+                      "name; refusing to map it (remove it, or use another log.dir)",
+                      name, (unsigned)st.st_uid, (unsigned)geteuid());
+    }
+    if ((st.st_mode & 07777) != 0600) {
+        close(fd);
+        return sd_err("shared memory /dev/shm%s has mode %04o, not the 0600 slidedp creates; refusing to map it "
+                      "(remove it)",
+                      name, (unsigned)(st.st_mode & 07777));
+    }
+    if (st.st_size <= 0) {
         close(fd);
         return sd_err("shared memory %s is empty", name);
     }

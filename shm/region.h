@@ -18,7 +18,7 @@ struct shm_region {
 
 /* Creates and maps the object read-write; fails if it exists. On failure nothing is left. */
 int shm_region_create(struct shm_region *r, const char *name, size_t size);
-/* Maps an existing object (its whole size). */
+/* Maps an existing object (its whole size); refuses one that is not ours with mode 0600. */
 int shm_region_attach(struct shm_region *r, const char *name, bool writable);
 void shm_region_detach(struct shm_region *r);
 /* Removes the object's name; mappings stay valid until detached. 0 also when it did not exist. */

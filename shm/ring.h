@@ -1,7 +1,9 @@
 /* Single-producer single-consumer rings of chunk descriptors in shared memory, one per
  * (producer, consumer) pair: free-running 32-bit indices masked on access, producer and consumer
- * indices on separate cache lines, elements passed by value. A dead peer wedges only its own
- * rings; the launcher resets them after quiescing both sides. */
+ * indices on separate cache lines, elements passed by value. Rings are never reset: a restarted
+ * producer pushes at head and a restarted consumer pops at tail, so what a dead peer left in
+ * flight stays there (the launcher frees only the gradient slots no descriptor refers to:
+ * ctl_repair_slots). */
 #ifndef SD_RING_H
 #define SD_RING_H
 

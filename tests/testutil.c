@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,48 @@
 #include "common/rng.h"
 
 static char tmp_paths[8][1024];
+static pid_t tmp_owner; /* the process that made them (not a forked child on its way to exec) */
+
+/* Removes every scratch directory tu_tmpdir made (a forked rm: only async-signal-safe calls, so it
+ * also runs from the handler of the signal meson sends a test that runs out of time). */
+static void remove_tmp_paths(void)
+{
+    if (getpid() != tmp_owner)
+        return;
+    for (int i = 0; i < 8; i++) {
+        if (!tmp_paths[i][0])
+            continue;
+        pid_t pid = fork();
+        if (pid == 0) {
+            setsid(); /* out of the test's process group, which a timeout kills */
+            char *argv[] = {"rm", "-rf", tmp_paths[i], NULL};
+            execv("/bin/rm", argv);
+            _exit(127);
+        }
+        if (pid > 0)
+            waitpid(pid, NULL, 0);
+    }
+}
+
+static void remove_tmp_paths_and_die(int sig)
+{
+    remove_tmp_paths();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* On any exit (a failed assertion included) and on SIGTERM/SIGINT, scratch directories go. */
+static void clean_up_at_exit(void)
+{
+    static bool registered;
+    if (registered)
+        return;
+    registered = true;
+    tmp_owner = getpid();
+    atexit(remove_tmp_paths);
+    signal(SIGTERM, remove_tmp_paths_and_die);
+    signal(SIGINT, remove_tmp_paths_and_die);
+}
 
 void tu_rmrf(const char *path)
 {
@@ -28,6 +71,7 @@ const char *tu_tmpdir(int slot, const char *tag)
     const char *base = getenv("TMPDIR");
     if (!base || !*base)
         base = "/tmp";
+    clean_up_at_exit();
     snprintf(tmp_paths[slot], sizeof tmp_paths[slot], "%s/sdtest-%s-%d", base, tag, (int)getpid());
     tu_rmrf(tmp_paths[slot]);
     if (mkdir(tmp_paths[slot], 0700) != 0)

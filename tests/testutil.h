@@ -12,7 +12,8 @@
 #include <cmocka.h>
 
 /* Creates a fresh directory under $TMPDIR (or /tmp) named after tag; returns a static path that
- * stays valid until the next call with the same slot (slots 0..7). */
+ * stays valid until the next call with the same slot (slots 0..7). Whatever the test's outcome,
+ * the directory is removed when the process exits or is stopped by SIGTERM/SIGINT. */
 const char *tu_tmpdir(int slot, const char *tag);
 void tu_rmrf(const char *path);
 void tu_write_file(const char *path, const char *text);

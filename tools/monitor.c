@@ -271,6 +271,13 @@ int mon_snapshot(const struct mon *m, struct mon_snapshot *s)
         read_proc(&slots[r], &s->workers[r]);
     for (int k = 0; k < h->optim_procs; k++)
         read_proc(&slots[h->gpus + k], &s->optims[k]);
+    s->stalled = false;
+    for (int i = 0; i < h->gpus + h->optim_procs; i++) {
+        struct mon_proc *p = i < h->gpus ? &s->workers[i] : &s->optims[i - h->gpus];
+        p->stalled = p->pid > 0 && p->phase != PHASE_DONE && s->t_ns > p->heartbeat_ns &&
+                     s->t_ns - p->heartbeat_ns > ctl_stall_ns(&h->job);
+        s->stalled |= p->stalled;
+    }
     return 0;
 }
 

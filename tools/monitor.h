@@ -64,6 +64,7 @@ struct mon_proc {
     uint64_t heartbeat_ns, bytes_in, bytes_out, busy_ns, wait_ns, items;
     char device[64];
     double peak_flops;
+    bool stalled; /* no heartbeat for ctl_stall_ns (half the watchdog's bound) while not done */
 };
 
 struct mon_snapshot {
@@ -71,6 +72,7 @@ struct mon_snapshot {
     struct job_stats stats;  /* a copy no launcher write was in progress for (seqlock) */
     int32_t launcher_pid;
     uint32_t stop;
+    bool stalled; /* some process is */
     int gpus, optim_procs;
     struct mon_proc workers[JOB_MAX_GPUS];
     struct mon_proc optims[CTL_MAX_OPTIM];

@@ -83,7 +83,7 @@ static void exact(char *buf, size_t len, double v)
 
 static const char *status_name(const struct mon_snapshot *s)
 {
-    return s->stop ? "stopping" : "running";
+    return s->stop ? "stopping" : s->stalled ? "stalled" : "running";
 }
 
 /* ---- JSON ---- */
@@ -111,6 +111,7 @@ static cJSON *json_procs(const struct mon_proc *procs, int n, const char *index_
         num(o, "pid", p->pid);
         cJSON_AddStringToObject(o, "device", p->device);
         cJSON_AddStringToObject(o, "phase", mon_phase_name(p->phase));
+        cJSON_AddBoolToObject(o, "stalled", p->stalled);
         for (int k = 0; k < num_metrics; k++)
             num(o, pm[k].json, proc_value(p, pm[k].field, now_ns));
         if (p->peak_flops > 0)

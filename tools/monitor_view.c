@@ -114,7 +114,7 @@ static void render_header(const struct mon *m, const struct mon_snapshot *now, c
     const struct ctl_header *h = m->h;
     const struct job_stats *st = &now->stats;
     char a[32], b[32], c[64], up[32];
-    const char *status = o->ended ? "ended" : now->stop ? "stopping" : "running";
+    const char *status = o->ended ? "ended" : now->stop ? "stopping" : now->stalled ? "stalled" : "running";
     duration(up, sizeof up, (double)(now->t_ns - h->created_ns) / 1e9);
     add(f, o->width, MON_LINE_TITLE, "slidedp  job %s  pid %d  %s  %s %s params  %s x%d, %d optimizer%s  up %s",
         m->name, now->launcher_pid, status, h->model.architecture, si(a, sizeof a, (double)h->num_params, ""),
@@ -170,7 +170,7 @@ static void render_workers(const struct mon *m, const struct mon_snapshot *befor
         else
             snprintf(chunk, sizeof chunk, "-");
         add(f, o->width, MON_LINE_TEXT, "%4d  %-8d %-12.12s %-13s %6u %7s  %-12s %-12s %4.0f%% %4.0f%%  %s", r, p->pid,
-            p->device, mon_phase_name(p->phase), p->step, chunk, si(a, sizeof a, rt.in_bps, "B/s"),
+            p->device, p->stalled ? "stalled" : mon_phase_name(p->phase), p->step, chunk, si(a, sizeof a, rt.in_bps, "B/s"),
             si(b, sizeof b, rt.out_bps, "B/s"), 100 * rt.work, 100 * rt.wait, bar);
     }
 }
@@ -189,7 +189,7 @@ static void render_optims(const struct mon_snapshot *before, const struct mon_sn
         share_bar(bar, rt.work, rt.wait);
         /* bytes_out counts the bf16 copies published: two bytes per parameter updated */
         add(f, o->width, MON_LINE_TEXT, "%4d  %-8d %-12.12s %-13s %6u  %-12s %-16s %4.0f%% %4.0f%%  %s", k, p->pid,
-            p->device, mon_phase_name(p->phase), p->step, si(a, sizeof a, rt.in_bps, "B/s"),
+            p->device, p->stalled ? "stalled" : mon_phase_name(p->phase), p->step, si(a, sizeof a, rt.in_bps, "B/s"),
             si(b, sizeof b, rt.out_bps / 2, "param/s"), 100 * rt.work, 100 * rt.wait, bar);
     }
 }

@@ -126,10 +126,12 @@ static uint32_t begin_wait(struct worker *w, int phase)
     return prev;
 }
 
-/* Exits the process when the job is being torn down while we wait; nothing we hold needs saving:
- * the launcher repairs rings and slots of dead or departed workers. */
+/* Called after every wait slice: beats the heartbeat the launcher's watchdog checks (a wait is
+ * progress of its own), and exits the process when the job is being torn down while we wait;
+ * nothing we hold needs saving: the launcher repairs rings and slots of dead or departed workers. */
 static void bail_if_stopped(struct worker *w)
 {
+    atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
     if (stop_now(w)) {
         fprintf(stderr, "worker %d: stopping (job stopped or generation changed)\n", w->rank);
         _exit(0);
@@ -338,6 +340,7 @@ static const void *io_weights(void *ctx, int c, int next)
 {
     struct worker *w = ctx;
     atomic_store_explicit(&w->slot->chunk, c, memory_order_relaxed);
+    atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
     struct cache_entry *e = cache_find(w, c);
     if (!e) {
         e = cache_victim(w);
@@ -553,7 +556,8 @@ static void post_one(struct worker *w, const struct post *p)
     struct ctl_header *h = w->ctl;
     if (p->chunk < 0) {
         struct step_record *rec = ctl_step(h, p->step);
-        atomic_store_explicit(&rec->posted[w->rank], p->posted, memory_order_release);
+        atomic_store_explicit(&rec->posted[w->rank], micro_key(p->step, p->posted), memory_order_release);
+        fault_point("poster_marked");
         if (p->step_done)
             finish_rank(w, p->step);
         return;
@@ -631,32 +635,54 @@ static void io_loss_done(void *ctx, const float *loss_rows, int n)
     save_loss_progress(w, w->step, w->micro_index + 1, w->loss_sum);
 }
 
-/* Records that micro-steps [0, done) of step s are posted, with their loss sum (crash-safe). */
+/* Saves the loss over micro-steps [0, done) of step s (crash-safe: see struct loss_progress). */
 static void save_loss_progress(struct worker *w, uint32_t s, uint32_t done, double sum)
 {
-    struct loss_progress *lp = &ctl_step(w->ctl, s)->loss[w->rank][done & 1];
-    atomic_store_explicit(&lp->done, 0, memory_order_release);
+    struct loss_progress *lp = ctl_loss_progress(w->ctl, s, w->rank, done);
+    atomic_store_explicit(&lp->key, 0, memory_order_relaxed);
+    /* Only a restart reads the entry, after this process died: what matters is the order in which
+     * the stores are executed, and a kill cannot undo one that was. The signal fence keeps the
+     * compiler from moving the plain store of sum out from between the clear and the tag. */
+    atomic_signal_fence(memory_order_seq_cst);
     lp->sum = sum;
-    atomic_store_explicit(&lp->done, done, memory_order_release);
+    atomic_store_explicit(&lp->key, micro_key(s, done), memory_order_release);
+    fault_point("worker_loss_saved");
 }
 
-/* The saved loss over the first `done` micro-steps of step s (0 when done is 0). */
-static double loss_through(struct worker *w, uint32_t s, uint32_t done)
+/* The saved loss over the first `done` micro-steps of step s (0 when done is 0); false when it is
+ * not there, which happens only when the step is logged already and its entries reused. */
+static bool loss_through(struct worker *w, uint32_t s, uint32_t done, double *sum)
 {
+    *sum = 0;
     if (done == 0)
-        return 0;
-    struct loss_progress *lp = &ctl_step(w->ctl, s)->loss[w->rank][done & 1];
-    SD_ASSERT(atomic_load_explicit(&lp->done, memory_order_acquire) == done);
-    return lp->sum;
+        return true;
+    struct loss_progress *lp = ctl_loss_progress(w->ctl, s, w->rank, done);
+    if (atomic_load_explicit(&lp->key, memory_order_acquire) != micro_key(s, done)) {
+        SD_ASSERT(atomic_load_explicit(&w->ctl->metrics_step, memory_order_acquire) >= s);
+        return false;
+    }
+    *sum = lp->sum;
+    return true;
 }
 
-/* Marks the rank's part of step s complete: its loss, then the flag the launcher waits for. */
+/* Marks the rank's part of step s complete: its loss, then the mark the launcher waits for. A
+ * step the launcher has logged already (a restart redoing it) is left alone. */
 static void finish_rank(struct worker *w, uint32_t s)
 {
     struct step_record *rec = ctl_step(w->ctl, s);
-    rec->loss_sum[w->rank] = loss_through(w, s, (uint32_t)w->A);
-    /* release: the loss sum above is visible to the launcher once it sees the flag */
-    atomic_store_explicit(&rec->rank_done[w->rank], 1, memory_order_release);
+    double sum;
+    if (!loss_through(w, s, (uint32_t)w->A, &sum))
+        return;
+    rec->loss_sum[w->rank] = sum;
+    /* release: the loss sum above is visible to the launcher once it sees the mark */
+    atomic_store_explicit(&rec->rank_done[w->rank], s, memory_order_release);
+    fault_point("poster_rank_done");
+}
+
+/* Whether step s is logged already (its record then belongs to a later step). */
+static bool step_logged(struct worker *w, uint32_t s)
+{
+    return atomic_load_explicit(&w->ctl->metrics_step, memory_order_acquire) >= s;
 }
 
 /* Loads micro-batch rows: sequence indices from the order contract. */
@@ -710,14 +736,15 @@ static int train_step(struct worker *w, uint32_t s)
     if (ntargets == 0)
         return sd_err("step %u has no unmasked targets in its global batch", s);
     struct step_record *rec = ctl_step(h, s);
-    SD_ASSERT(atomic_load(&rec->step) == s);
+    SD_ASSERT(atomic_load(&rec->step) == s || step_logged(w, s));
     if (w->rank == 0)
-        rec->tokens = ntargets;
+        rec->tokens = ntargets; /* a late write to a recycled record: rank 0 sets it again for that step */
     struct model_io io = worker_io;
     io.ctx = w;
     w->need_version = s - 1;
     w->step = s;
-    uint32_t posted = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire), first = posted;
+    uint64_t posted_key = atomic_load_explicit(&rec->posted[w->rank], memory_order_acquire);
+    uint32_t posted = posted_key >> 32 == s ? (uint32_t)posted_key : 0, first = posted;
     /* Micro-steps summing on the device post once, at the last one, as micro-batch r (GPU-side
      * gradients too, each rank its shard); a restart then has nothing posted to build on and redoes
      * the step from its first micro-step. */
@@ -746,7 +773,8 @@ static int train_step(struct worker *w, uint32_t s)
         if (first > posted || done)
             post_enqueue(w, (struct post){.chunk = -1, .step = s, .posted = first, .step_done = done});
     }
-    w->loss_sum = loss_through(w, s, first);
+    if (!loss_through(w, s, first, &w->loss_sum))
+        return 0; /* logged meanwhile: nothing of it is left to do */
     for (int a = (int)first; a < w->A; a++) {
         uint64_t t0 = clock_ns(), wait0 = atomic_load_explicit(&w->slot->wait_ns, memory_order_relaxed);
         for (int i = 0; i < w->mb; i++)
@@ -781,6 +809,7 @@ static int eval_step(struct worker *w, uint32_t s)
     io.ctx = w;
     io.loss_done = NULL;
     w->need_version = s;
+    post_drain(w); /* the step's marks go out before its validation's (the launcher needs both) */
     set_phase(w, PHASE_EVAL);
     int64_t nval = h->job.val_sequences > 0 && h->job.val_sequences < w->val.num_sequences ? h->job.val_sequences
                                                                                             : w->val.num_sequences;
@@ -807,7 +836,8 @@ static int eval_step(struct worker *w, uint32_t s)
     rec->val_loss_sum[w->rank] = loss;
     rec->val_count[w->rank] = count;
     rec->val_correct[w->rank] = correct;
-    atomic_store_explicit(&rec->val_done[w->rank], 1, memory_order_release);
+    atomic_store_explicit(&rec->val_done[w->rank], s, memory_order_release);
+    fault_point("worker_val_done");
     return 0;
 }
 
@@ -834,6 +864,15 @@ static bool is_val_step(const struct ctl_header *h, bool have_val, uint32_t s)
     if (!have_val)
         return false;
     return s == (uint32_t)h->job.steps || (h->job.val_every > 0 && s % (uint32_t)h->job.val_every == 0);
+}
+
+/* Whether step s needs no validation from this rank (any more): not a validation step, or its sums
+ * are written, or the step is logged. */
+static bool val_done(struct worker *w, uint32_t s)
+{
+    return !is_val_step(w->ctl, w->have_val, s) ||
+           atomic_load_explicit(&ctl_step(w->ctl, s)->val_done[w->rank], memory_order_acquire) == s ||
+           step_logged(w, s);
 }
 
 /* This rank's exchange window (a slice of the grads region on the CPU backend, else device memory
@@ -890,7 +929,7 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     w->T = h->job.seq_len;
     w->slot = ctl_proc(h, PROC_WORKER, w->rank);
     w->generation = atomic_load(&w->slot->generation);
-    fault_init(atomic_load(&w->slot->restarts));
+    fault_init("worker", atomic_load(&w->slot->restarts), args->rank);
     atomic_store(&w->slot->pid, (int32_t)getpid());
     set_phase(w, PHASE_STARTING);
 
@@ -976,20 +1015,19 @@ int worker_run(const struct worker_args *args)
     /* The last committed step has all our gradients, but we may have died before marking it done
      * (its loss is saved: it was saved before the last gradient went out). */
     struct step_record *last = ctl_step(h, committed);
-    if (committed >= 1 && atomic_load(&last->step) == committed && !atomic_load(&last->rank_done[w->rank]))
+    if (committed >= 1 && atomic_load(&last->rank_done[w->rank]) != committed)
         finish_rank(w, committed);
     /* Exchanging workers start where the launcher put the exchange: past a step whose gradients
      * are all out (its loss is saved too), which then only needs marking done. */
     uint32_t start = committed + 1;
     if (h->exchange && atomic_load(&h->xchg_first_step) > start) {
         start = atomic_load(&h->xchg_first_step);
-        if (!atomic_load(&ctl_step(h, start - 1)->rank_done[w->rank]))
+        if (atomic_load(&ctl_step(h, start - 1)->rank_done[w->rank]) != start - 1)
             finish_rank(w, start - 1);
     }
     atomic_fetch_add(&h->workers_ready, 1);
     uint32_t evaluated = start - 1;
-    if (evaluated >= 1 && is_val_step(h, w->have_val, evaluated) &&
-        !atomic_load(&ctl_step(h, evaluated)->val_done[w->rank]) && eval_step(w, evaluated) != 0)
+    if (evaluated >= 1 && !val_done(w, evaluated) && eval_step(w, evaluated) != 0)
         return 1;
     for (uint32_t s = start; s <= (uint32_t)h->job.steps; s++) {
         if (!may_start_step(w, s))
@@ -1003,12 +1041,14 @@ int worker_run(const struct worker_args *args)
             bail_if_stopped(w);
         }
         fault_step(s, w->rank);
-        struct step_record *rec = ctl_step(h, s);
-        bool done = atomic_load_explicit(&rec->rank_done[w->rank], memory_order_acquire);
+        /* done already: marked, or logged (its record then recycled); exchanging ranks redo their
+         * first step together all the same (their peers need them in the exchange) */
+        bool done = atomic_load_explicit(&ctl_step(h, s)->rank_done[w->rank], memory_order_acquire) == s ||
+                    step_logged(w, s);
         if ((!done || (h->exchange && w->recovering)) && train_step(w, s) != 0)
             return 1;
         w->recovering = false;
-        if (is_val_step(h, w->have_val, s) && !atomic_load(&rec->val_done[w->rank]) && eval_step(w, s) != 0)
+        if (!val_done(w, s) && eval_step(w, s) != 0)
             return 1;
     }
     post_drain(w);

@@ -1,0 +1,288 @@
+/* Implementation of the whole-job helpers (see jobrun.h). */
+#include "tests/testutil.h"
+#include "tests/jobrun.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/job.h"
+#include "shm/ctl.h"
+#include "shm/futex.h"
+
+char jobs_dir[1024];
+
+void jobs_setup(const char *tag)
+{
+    snprintf(jobs_dir, sizeof jobs_dir, "%s", tu_tmpdir(0, tag));
+    char cache[1100];
+    snprintf(cache, sizeof cache, "%s/calib", jobs_dir);
+    setenv("SLIDEDP_CACHE_DIR", cache, 1);
+    char *out = NULL;
+    if (tu_sh(&out, "%s copy --out %s/data --seq-len 64 --train 2000 --val 64 --seed 3", tu_bin("slidedp-data"),
+              jobs_dir) != 0)
+        fail_msg("slidedp-data failed: %s", out);
+    free(out);
+}
+
+/* A job in its own folder (log, checkpoints) sharing the generated data. */
+void write_job_as(const struct variant *v, const char *name, int steps, const char *extra)
+{
+    char p[1300], text[4096];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ninit = random\n"
+             "[data]\ntrain = ../data/train.bin\nseq_len = 64\n%s"
+             "[train]\nmicro_batch = 4\ngrad_accum = %d\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
+             "grad_clip = %s\nseed = 7\n"
+             "[checkpoint]\ndir = ckpt\nexport_dtype = fp32\n%s\n"
+             "[runtime]\ndevice = cpu\ngpus = %d\noptim_threads = 3\n%s%s"
+             "[log]\ndir = log\nevery = 1000\n",
+             tu_src("examples/tiny-qwen3"), v->data ? v->data : "", v->grad_accum ? v->grad_accum : 2, steps, v->no_clip ? "0" : "1.0", extra, v->gpus ? v->gpus : 2, PINNED_PLAN, v->runtime);
+    snprintf(p, sizeof p, "%s/%s", jobs_dir, name);
+    tu_rmrf(p);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", p);
+    assert_int_equal(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/%s/job.ini", jobs_dir, name);
+    tu_write_file(p, text);
+}
+
+void job_path(const char *name, const char *rel, char *out, size_t len)
+{
+    snprintf(out, len, "%s/%s/%s", jobs_dir, name, rel);
+}
+
+pid_t start_launcher(const char *name, const char *crash_at)
+{
+    char ini[1300];
+    job_path(name, "job.ini", ini, sizeof ini);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char logp[1300];
+        job_path(name, "launcher.log", logp, sizeof logp);
+        FILE *f = freopen(logp, "a", stdout);
+        (void)f;
+        dup2(1, 2);
+        if (crash_at)
+            setenv("SLIDEDP_CRASH_AT", crash_at, 1);
+        else
+            unsetenv("SLIDEDP_CRASH_AT");
+        execl(tu_bin("slidedp-launch"), "slidedp-launch", ini, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+void show_log(const char *name)
+{
+    char p[1300];
+    job_path(name, "launcher.log", p, sizeof p);
+    char *log = tu_read_file(p, NULL);
+    printf("%s", log ? log : "(no log)\n");
+    free(log);
+}
+
+
+/* Stops a hung launcher (a second SIGINT aborts the job and removes its shared state), shows its
+ * log and fails, rather than leaving the test to its timeout and the processes behind. */
+void fail_hung(pid_t pid, const char *name)
+{
+    kill(pid, SIGINT);
+    usleep(100000);
+    kill(pid, SIGINT);
+    waitpid(pid, NULL, 0);
+    show_log(name);
+    fail_msg("%s: the launcher hung (no step logged and no exit for %d s)", name, HANG_S);
+}
+
+int wait_exit(pid_t pid, const char *name)
+{
+    for (uint64_t t0 = clock_ns();; usleep(10000)) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0)
+            return -1;
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(pid, name);
+    }
+}
+
+int run_job(const char *name, const char *crash_at)
+{
+    return wait_exit(start_launcher(name, crash_at), name);
+}
+
+char *final_weights(const char *name, size_t *len)
+{
+    char p[1300];
+    job_path(name, "ckpt/final/model.safetensors", p, sizeof p);
+    char *data = tu_read_file(p, len);
+    if (!data)
+        fail_msg("%s has no final weights", name);
+    return data;
+}
+
+void job_name_of(const char *name, char *out, size_t len)
+{
+    char ini[1300];
+    job_path(name, "job.ini", ini, sizeof ini);
+    struct job_config job;
+    if (job_config_load(ini, 0, NULL, &job) != 0)
+        fail_msg("%s", sd_errmsg());
+    ctl_job_name(job.log_dir, out, len);
+}
+
+/* The values of `key` in a job's metrics.jsonl, in order; returns how many (at most max). */
+static int metric_values(const char *name, const char *key, double *out, int max)
+{
+    char p[1300];
+    job_path(name, "log/metrics.jsonl", p, sizeof p);
+    return tu_metrics_values(p, key, out, max);
+}
+
+/* Final weights bit-identical to the reference run's, every step's reported gradient norm (it steers
+ * clipping, and without clipping a crash must not lose any part of it either), loss and validation
+ * loss the same, and nothing left in /dev/shm. */
+void assert_same_weights(const char *name, const char *ref)
+{
+    size_t a_len, b_len;
+    char *a = final_weights(name, &a_len), *b = final_weights(ref, &b_len);
+    if (a_len != b_len || memcmp(a, b, a_len) != 0) {
+        show_log(name);
+        fail_msg("%s: final weights differ from the uninterrupted run %s", name, ref);
+    }
+    free(a);
+    free(b);
+    static const char *const keys[] = {"grad_norm", "loss", "val_loss"};
+    for (int k = 0; k < 3; k++) {
+        double na[200], nb[200];
+        int n = metric_values(name, keys[k], na, 200);
+        assert_int_equal(n, metric_values(ref, keys[k], nb, 200));
+        for (int i = 0; i < n; i++)
+            if (na[i] != nb[i])
+                fail_msg("%s: %s #%d %.6f differs from %s's %.6f", name, keys[k], i + 1, na[i], ref, nb[i]);
+    }
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    assert_int_equal(tu_shm_objects(job), 0);
+}
+
+int metrics_lines(const char *name, int *first, int *last)
+{
+    char p[1300];
+    job_path(name, "log/metrics.jsonl", p, sizeof p);
+    char *text = tu_read_file(p, NULL);
+    assert_non_null(text);
+    int n = 0, expect = 1;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        int step;
+        assert_int_equal(sscanf(line, "{\"step\":%d", &step), 1);
+        if (step != expect)
+            fail_msg("%s: metrics line %d is step %d", name, n + 1, step);
+        expect++;
+        if (n == 0)
+            *first = step;
+        *last = step;
+    }
+    free(text);
+    return n;
+}
+
+/* Waits until the launcher `pid` has taken the job's state over and logged step `logged` (so a
+ * signal or kill that follows finds it running, however slowly it started on a busy machine). */
+void wait_running(pid_t pid, const char *name, uint32_t logged)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    for (uint64_t t0 = clock_ns();; usleep(5000)) {
+        struct job_shm shm;
+        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
+            bool running = atomic_load(&shm.ctl->launcher_pid) == pid && atomic_load(&shm.ctl->metrics_step) >= logged;
+            job_shm_detach(&shm);
+            if (running)
+                return;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            fail_msg("%s: the launcher exited before it was running", name);
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(pid, name);
+    }
+}
+
+/* Whether process pid is stopped (SIGSTOP). */
+static bool is_stopped(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    char *stat = tu_read_file(path, NULL);
+    const char *paren = stat ? strrchr(stat, ')') : NULL;
+    bool stopped = paren && paren[1] == ' ' && paren[2] == 'T';
+    free(stat);
+    return stopped;
+}
+
+/* Waits until the job's process (enum proc_kind) has stopped itself at a fault point, and returns
+ * its pid. */
+int wait_proc_stopped(pid_t launcher, const char *name, int kind, int index)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    for (uint64_t t0 = clock_ns();; usleep(5000)) {
+        struct job_shm shm;
+        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
+            int pid = atomic_load(&ctl_proc(shm.ctl, kind, index)->pid);
+            job_shm_detach(&shm);
+            if (pid > 0 && is_stopped(pid))
+                return pid;
+        }
+        if (waitpid(launcher, NULL, WNOHANG) == launcher)
+            fail_msg("%s: the launcher exited before the process stopped", name);
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(launcher, name);
+    }
+}
+
+/* Waits until the launcher has asked the job's processes to stop (ctl_header.stop). */
+void wait_stop_requested(pid_t launcher, const char *name)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    for (uint64_t t0 = clock_ns();; usleep(2000)) {
+        struct job_shm shm;
+        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
+            bool asked = atomic_load(&shm.ctl->stop) != STOP_NONE;
+            job_shm_detach(&shm);
+            if (asked)
+                return;
+        }
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(launcher, name);
+    }
+}
+
+int job_proc_pid(const char *name, int kind, int index)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    struct job_shm shm;
+    if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) != 0)
+        fail_msg("%s: no shared state", name);
+    int pid = atomic_load(&ctl_proc(shm.ctl, kind, index)->pid);
+    job_shm_detach(&shm);
+    return pid;
+}
+
+void assert_finishes_like(pid_t pid, const char *name, const char *ref)
+{
+    int rc = wait_exit(pid, name);
+    if (rc != 0)
+        show_log(name);
+    assert_int_equal(rc, 0);
+    assert_same_weights(name, ref);
+}

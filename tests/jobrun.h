@@ -1,0 +1,64 @@
+/* Whole jobs for the multi-process crash tests (test_faults, test_windows): tiny-model jobs on the
+ * CPU backend in folders under jobs_dir sharing its generated data, launched with fault points,
+ * waited for (a hang fails the test instead of its timeout), and compared with a reference run. */
+#ifndef SD_JOBRUN_H
+#define SD_JOBRUN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+extern char jobs_dir[1024]; /* the test's scratch directory; data/ holds the generated data */
+
+/* The plan choices every job pins (so each fault point is passed the counted number of times,
+ * however this host calibrates): one layer per chunk (four chunks) and two optimizer processes. */
+#define PINNED_PLAN "layers_per_chunk = 1\noptim_procs = 2\n"
+
+/* How a job differs from the default one: extra [runtime] lines, and no clipping (which updates
+ * during the backward need). */
+struct variant {
+    const char *tag;
+    const char *runtime;
+    bool no_clip;
+    int gpus;       /* 0: two */
+    int grad_accum; /* 0: two */
+    const char *data; /* extra [data] lines (validation) */
+};
+
+/* Makes jobs_dir (a scratch dir named after tag), its data (copy task: 2000 training and 64
+ * validation sequences of 64 tokens) and its own calibration cache, which the first launcher
+ * fills: what other tests measure meanwhile cannot change the plans compared here. */
+void jobs_setup(const char *tag);
+/* A job in its own folder (log, checkpoints): steps, the variant, extra [checkpoint] lines. */
+void write_job_as(const struct variant *v, const char *name, int steps, const char *extra);
+void job_path(const char *name, const char *rel, char *out, size_t len);
+/* Starts slidedp-launch on the job with SLIDEDP_CRASH_AT=crash_at (NULL: none), output appended to
+ * its launcher.log. */
+pid_t start_launcher(const char *name, const char *crash_at);
+void show_log(const char *name);
+#define HANG_S 120 /* a launcher that neither exits nor logs a step for this long is hung */
+/* Stops a hung launcher (two SIGINTs), shows its log and fails the test. */
+void fail_hung(pid_t pid, const char *name);
+/* The launcher's exit status (128 + signal when killed); fails the test when it hangs. */
+int wait_exit(pid_t pid, const char *name);
+int run_job(const char *name, const char *crash_at);
+/* The shm job name of the job (shm/ctl.h ctl_job_name). */
+void job_name_of(const char *name, char *out, size_t len);
+/* Fails unless final weights and metrics are bit-identical to ref's and /dev/shm holds nothing of it. */
+void assert_same_weights(const char *name, const char *ref);
+/* Waits for launcher pid to exit 0 (showing its log otherwise), then assert_same_weights. */
+void assert_finishes_like(pid_t pid, const char *name, const char *ref);
+/* metrics.jsonl's lines (each step once, in order from 1); first and last step. */
+int metrics_lines(const char *name, int *first, int *last);
+/* Waits until launcher `pid` runs the job and has logged step `logged`. */
+void wait_running(pid_t pid, const char *name, uint32_t logged);
+/* Waits until the job's process (enum proc_kind) has stopped itself at a fault point (SIGSTOP);
+ * returns its pid. */
+int wait_proc_stopped(pid_t launcher, const char *name, int kind, int index);
+/* Waits until the launcher has asked the job's processes to stop (ctl_header.stop). */
+void wait_stop_requested(pid_t launcher, const char *name);
+/* The pid the job's process (enum proc_kind) has now. */
+int job_proc_pid(const char *name, int kind, int index);
+
+#endif

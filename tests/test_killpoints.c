@@ -1,0 +1,237 @@
+/* Every protocol publish point (common/fault.c fault_points) in every process that passes it:
+ * the launcher, both workers (main and poster threads) and both optimizers, in a job with three
+ * micro-steps, validation and checkpoints every 4 steps, once with the gradients reduced on the CPU
+ * (host slots) and once with the exchange routes (sharded parameters, gradients reduced between
+ * the workers). A clean run counts each process's passes of each point (SLIDEDP_FAULT_COUNT); each
+ * (point, process) is then killed at its middle pass, in a job of its own, and must end with
+ * weights and metrics bit-identical to the clean run (a killed launcher: after a relaunch; its
+ * points, which do not depend on the routes, in the first job only). Then
+ * SIGTERM-then-kill sequences: while the job stops, a worker, an optimizer or the launcher dies; the
+ * relaunch resumes and ends bit-identical. Prints the table of points x processes.
+ * SLIDEDP_KILLPOINTS_LONG=1 kills each at its first, middle and last pass (three times as long). */
+#include "tests/testutil.h"
+#include "tests/jobrun.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/fault.h"
+#include "shm/ctl.h"
+#include "shm/futex.h"
+
+#define STEPS 10
+#define EXTRA "every = 4"
+#define VAL "val = ../data/val.bin\nval_every = 4\nval_sequences = 16\n"
+
+static const struct variant host_slots = {"cpu", "accumulate_on_device = false\n", false, 0, 3, VAL};
+static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false, 0, 3, VAL};
+
+/* The processes: the launcher, workers 0 and 1, optimizers 0 and 1. */
+#define PROCS 5
+static const char *const proc_role[PROCS] = {"launcher", "worker", "worker", "optim", "optim"};
+static const int proc_index[PROCS] = {0, 0, 1, 0, 1};
+static const char *const proc_label[PROCS] = {"launcher", "worker0", "worker1", "optim0", "optim1"};
+
+#define MAX_POINTS 64
+struct table {
+    long hits[MAX_POINTS][PROCS]; /* passes in the clean run */
+    char mark[MAX_POINTS][PROCS]; /* '=' bit-identical after the kill, '-' not passed */
+};
+
+static int num_points(void)
+{
+    int n = 0;
+    while (fault_points[n])
+        n++;
+    assert_true(n <= MAX_POINTS);
+    return n;
+}
+
+/* Reads the clean run's pass counts (one file per process: <role><index>.<pid>). */
+static void read_counts(const char *count_dir, struct table *t)
+{
+    memset(t->hits, 0, sizeof t->hits);
+    DIR *d = opendir(count_dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int files = 0;
+    while ((e = readdir(d))) {
+        int p = -1;
+        for (int i = 0; i < PROCS; i++) {
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, "%s%d.", proc_role[i], proc_index[i]);
+            if (!strncmp(e->d_name, prefix, strlen(prefix)))
+                p = i;
+        }
+        if (p < 0)
+            continue;
+        files++;
+        char path[1700], point[64];
+        snprintf(path, sizeof path, "%s/%s", count_dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        long n;
+        while (fscanf(f, "%63s %ld", point, &n) == 2)
+            for (int i = 0; fault_points[i]; i++)
+                if (!strcmp(fault_points[i], point))
+                    t->hits[i][p] = n;
+        fclose(f);
+    }
+    closedir(d);
+    assert_int_equal(files, PROCS);
+}
+
+/* Kills process p at the k-th pass of point i and checks the outcome. */
+static void kill_at(const struct variant *v, const char *ref, int i, int p, long k)
+{
+    char spec[128], name[96];
+    snprintf(spec, sizeof spec, "%s:%ld:r%d", fault_points[i], k, proc_index[p]);
+    snprintf(name, sizeof name, "%s-%s-%s-%ld", v->tag, fault_points[i], proc_label[p], k);
+    write_job_as(v, name, STEPS, EXTRA);
+    int rc = run_job(name, spec);
+    bool launcher = p == 0;
+    if (rc != (launcher ? 128 + SIGKILL : 0)) {
+        show_log(name);
+        fail_msg("%s: SLIDEDP_CRASH_AT=%s -> exit %d", name, spec, rc);
+    }
+    if (launcher) {
+        rc = run_job(name, NULL);
+        if (rc != 0) {
+            show_log(name);
+            fail_msg("%s: the relaunch after SLIDEDP_CRASH_AT=%s -> exit %d", name, spec, rc);
+        }
+    } else {
+        char logp[1300], died[64];
+        job_path(name, "launcher.log", logp, sizeof logp);
+        snprintf(died, sizeof died, "%s %d died from signal 9", p <= 2 ? "worker" : "optimizer", proc_index[p]);
+        char *log = tu_read_file(logp, NULL);
+        bool ok = log && strstr(log, died);
+        free(log);
+        if (!ok) {
+            show_log(name);
+            fail_msg("%s: no '%s' at %s", name, died, spec);
+        }
+    }
+    assert_same_weights(name, ref);
+    char p_dir[1300];
+    job_path(name, "", p_dir, sizeof p_dir);
+    tu_rmrf(p_dir); /* a few MiB each; keep the scratch dir small */
+}
+
+static void print_table(const char *title, const struct table *t)
+{
+    printf("# %s: point x process ('=' killed at its middle pass and bit-identical, '-' not passed)\n", title);
+    printf("# %-24s", "point");
+    for (int p = 0; p < PROCS; p++)
+        printf(" %-8s", proc_label[p]);
+    printf("\n");
+    for (int i = 0; fault_points[i]; i++) {
+        printf("# %-24s", fault_points[i]);
+        for (int p = 0; p < PROCS; p++)
+            printf(" %-8c", t->mark[i][p]);
+        printf("\n");
+    }
+}
+
+/* The launcher's points do not depend on the routes: with_launcher false leaves them to the other
+ * run (marked '-' in this table). */
+static void enumerate(const struct variant *v, bool with_launcher)
+{
+    uint64_t t0 = clock_ns();
+    char ref[64], count_dir[1300];
+    snprintf(ref, sizeof ref, "ref-%s", v->tag);
+    write_job_as(v, ref, STEPS, EXTRA);
+    job_path(ref, "counts", count_dir, sizeof count_dir);
+    assert_int_equal(tu_sh(NULL, "mkdir -p %s", count_dir), 0);
+    setenv("SLIDEDP_FAULT_COUNT", count_dir, 1);
+    int rc = run_job(ref, NULL);
+    unsetenv("SLIDEDP_FAULT_COUNT");
+    assert_int_equal(rc, 0);
+    static struct table t;
+    read_counts(count_dir, &t);
+    bool all = getenv("SLIDEDP_KILLPOINTS_LONG") != NULL;
+    int kills = 0;
+    for (int i = 0; i < num_points(); i++)
+        for (int p = 0; p < PROCS; p++) {
+            long n = t.hits[i][p];
+            t.mark[i][p] = '-';
+            if (n == 0 || (p == 0 && !with_launcher))
+                continue;
+            long at[3] = {n / 2 + 1, 1, n};
+            for (int j = 0; j < (all ? 3 : 1); j++, kills++)
+                kill_at(v, ref, i, p, at[j]);
+            t.mark[i][p] = '=';
+        }
+    print_table(v->tag, &t);
+    printf("# %s: %d kills, all bit-identical, in %.1f s\n", v->tag, kills, (double)(clock_ns() - t0) * 1e-9);
+}
+
+static void test_every_point_host_slots(void **state)
+{
+    enumerate(&host_slots, true);
+}
+
+static void test_every_point_exchanging(void **state)
+{
+    enumerate(&exchanging, false);
+}
+
+/* SIGTERM while worker 0 is held mid-run (stopped in step 5), then, once the stop is under way, a
+ * victim is killed (worker 1, optimizer 0, or the launcher) and worker 0 continued. The documented
+ * outcome: the job stops (130: a worker died while stopping; 1: an optimizer died, nobody can
+ * finish its chunks; killed: the launcher) with the newest consistent checkpoint on disk or its
+ * state in /dev/shm, and the relaunch ends bit-identical. */
+static void sigterm_then_kill(const struct variant *v, const char *victim)
+{
+    char name[96], ref[64];
+    snprintf(name, sizeof name, "term-%s-%s", v->tag, victim);
+    snprintf(ref, sizeof ref, "ref-%s", v->tag);
+    write_job_as(v, name, STEPS, EXTRA);
+    pid_t pid = start_launcher(name, "worker_loss_saved:13:stop:r0");
+    int held = wait_proc_stopped(pid, name, PROC_WORKER, 0);
+    kill(pid, SIGTERM);
+    wait_stop_requested(pid, name);
+    int expect;
+    if (!strcmp(victim, "launcher")) {
+        kill(pid, SIGKILL);
+        expect = 128 + SIGKILL;
+    } else {
+        bool worker = !strcmp(victim, "worker1");
+        kill(job_proc_pid(name, worker ? PROC_WORKER : PROC_OPTIM, worker ? 1 : 0), SIGKILL);
+        expect = worker ? 130 : 1;
+    }
+    kill(held, SIGCONT);
+    int rc = wait_exit(pid, name);
+    printf("# %s: SIGTERM, then %s killed while stopping -> exit %d\n", name, victim, rc);
+    if (rc != expect)
+        show_log(name);
+    assert_int_equal(rc, expect);
+    assert_finishes_like(start_launcher(name, NULL), name, ref);
+}
+
+static void test_sigterm_then_kill(void **state)
+{
+    static const char *const victims[] = {"worker1", "optim0", "launcher"};
+    const struct variant *variants[] = {&host_slots, &exchanging};
+    for (int v = 0; v < 2; v++)
+        for (int k = 0; k < 3; k++)
+            sigterm_then_kill(variants[v], victims[k]);
+}
+
+int main(void)
+{
+    tu_seed("killpoints", 0); /* nothing random: every kill is at a named point */
+    jobs_setup("killpoints");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_point_host_slots),
+        cmocka_unit_test(test_every_point_exchanging),
+        cmocka_unit_test(test_sigterm_then_kill),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tu_rmrf(jobs_dir);
+    return rc;
+}
