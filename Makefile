@@ -9,7 +9,7 @@ export PATH := $(CUDA_HOME)/bin:$(PATH)
 PKGS := meson ninja-build pkg-config gcc libc6-dev libuv1-dev libopenblas-dev libcmocka-dev \
         libinih-dev libcjson-dev libncurses-dev libonig-dev libutf8proc-dev python3-jinja2 python3-babel
 
-.PHONY: all deps npm-deps build run sft install test fuzz clean
+.PHONY: all deps npm-deps build run sft install test test-timing fuzz clean
 
 all: build
 
@@ -80,7 +80,12 @@ npm-deps:
 	fi
 
 test: build npm-deps
-	meson test -C $(BUILD) --print-errorlogs
+	meson test -C $(BUILD) --print-errorlogs --no-suite timing
+
+# The planner's predictions against the clock (tests/test_plan_cpu.c): on a quiet machine only, since
+# its result depends on how fast the machine runs while it measures.
+test-timing: build
+	meson test -C $(BUILD) --print-errorlogs --suite timing
 
 # libFuzzer (clang) on the safetensors and config parsers for FUZZ_SECONDS each; new inputs are
 # merged into tests/fuzz/corpus/.
