@@ -552,10 +552,23 @@ static void describe_nonfinite(struct sup *s)
         snprintf(s->last_good, sizeof s->last_good, "none (no checkpoint was written; checkpoint.every sets them)");
 }
 
+/* With no worker left: a committed step a dead worker did not mark done (it died after its last
+ * gradient went out, and a stopping job did not restart it) is marked from its saved loss, so it
+ * is logged like the checkpoint that will hold it. */
+static void mark_dead_ranks(struct sup *s)
+{
+    struct ctl_header *h = s->h;
+    for (uint32_t step = s->logged + 1; step <= ctl_committed_step(h); step++)
+        for (int r = 0; r < h->gpus; r++)
+            if (atomic_load(&ctl_step(h, step)->step) == step && atomic_load(&ctl_step(h, step)->rank_done[r]) != step)
+                ctl_finish_rank(h, step, r);
+}
+
 static void finish(struct sup *s)
 {
     uv_timer_stop(&s->poll_timer);
     uv_timer_stop(&s->kill_timer);
+    mark_dead_ranks(s);
     poll_steps(s);
     if (s->state == SUP_FINISHING && !s->st.job.save_final) {
         printf("done (checkpoint.save_final = false: nothing exported)\n");

@@ -159,6 +159,18 @@ void ctl_repair_slots(struct ctl_header *h, int rank)
     }
 }
 
+bool ctl_finish_rank(struct ctl_header *h, uint32_t s, int r)
+{
+    struct loss_progress *lp = ctl_loss_progress(h, s, r, (uint32_t)h->job.grad_accum);
+    if (atomic_load_explicit(&lp->key, memory_order_acquire) != micro_key(s, (uint32_t)h->job.grad_accum))
+        return false;
+    struct step_record *rec = ctl_step(h, s);
+    rec->loss_sum[r] = lp->sum;
+    /* release: the loss sum above is visible to the launcher once it sees the mark */
+    atomic_store_explicit(&rec->rank_done[r], s, memory_order_release);
+    return true;
+}
+
 void ctl_recycle_step(struct ctl_header *h, uint32_t s)
 {
     struct step_record *rec = ctl_step(h, s);

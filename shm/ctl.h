@@ -309,6 +309,11 @@ bool ctl_grad_out(struct ctl_header *h, int r, int c, uint32_t s, uint32_t m);
  * updates), with no windows published; sets xchg_first_step. Only while no worker runs. */
 void ctl_xchg_reset(struct ctl_header *h, uint32_t committed);
 
+/* Marks rank r's part of step s complete from its saved loss over all its micro-steps (the worker
+ * does when its last gradient is out; the launcher for a rank that died before, once no worker
+ * runs): false when that loss is not saved (or its entry already reused: the step is logged). */
+bool ctl_finish_rank(struct ctl_header *h, uint32_t s, int r);
+
 /* Clears step s's record (logged) and hands it to step s + CTL_STEP_RECORDS. */
 void ctl_recycle_step(struct ctl_header *h, uint32_t s);
 

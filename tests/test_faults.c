@@ -55,9 +55,12 @@ static void write_job(const char *name, int steps, const char *extra)
     write_job_as(&plain, name, steps, extra);
 }
 
-/* Kills a random process of the given kind every few hundred ms until the launcher exits; a
- * process is killed again only after a step has completed since its last death (otherwise this
- * would be a crash loop, which the launcher rightly stops). */
+/* Enough kills to prove the point; more would only make a slow machine slower (each restart waits). */
+#define MAX_RANDOM_KILLS 25
+
+/* Kills a random process of the given kind every few hundred ms until the launcher exits (at most
+ * MAX_RANDOM_KILLS times); a process is killed again only after a step has completed since its
+ * last death (otherwise this would be a crash loop, which the launcher rightly stops). */
 static int kill_randomly(pid_t launcher, const char *name, int kind, int min_ms, int max_ms)
 {
     char job[32];
@@ -88,7 +91,7 @@ static int kill_randomly(pid_t launcher, const char *name, int kind, int min_ms,
         int n = kind == PROC_WORKER ? h->gpus : h->optim_procs;
         int victim = (int)rnd((unsigned)n);
         uint32_t committed = ctl_committed_step(h);
-        if (kills > 0 && committed <= committed_at_kill[victim])
+        if (kills >= MAX_RANDOM_KILLS || (kills > 0 && committed <= committed_at_kill[victim]))
             continue;
         int pid = atomic_load(&ctl_proc(h, kind, victim)->pid);
         char comm[64] = "", path[64];

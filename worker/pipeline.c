@@ -665,25 +665,24 @@ static bool loss_through(struct worker *w, uint32_t s, uint32_t done, double *su
     return true;
 }
 
-/* Marks the rank's part of step s complete: its loss, then the mark the launcher waits for. A
- * step the launcher has logged already (a restart redoing it) is left alone. */
-static void finish_rank(struct worker *w, uint32_t s)
-{
-    struct step_record *rec = ctl_step(w->ctl, s);
-    double sum;
-    if (!loss_through(w, s, (uint32_t)w->A, &sum))
-        return;
-    rec->loss_sum[w->rank] = sum;
-    /* release: the loss sum above is visible to the launcher once it sees the mark */
-    atomic_store_explicit(&rec->rank_done[w->rank], s, memory_order_release);
-    fault_point("poster_rank_done");
-}
-
 /* Whether step s is logged already (its record then belongs to a later step). */
 static bool step_logged(struct worker *w, uint32_t s)
 {
     return atomic_load_explicit(&w->ctl->metrics_step, memory_order_acquire) >= s;
 }
+
+/* Marks the rank's part of step s complete: its loss, then the mark the launcher waits for. A
+ * step the launcher has logged already (a restart redoing it) is left alone. */
+static void finish_rank(struct worker *w, uint32_t s)
+{
+    if (!ctl_finish_rank(w->ctl, s, w->rank)) {
+        SD_ASSERT(step_logged(w, s));
+        return;
+    }
+    fault_point("poster_rank_done");
+}
+
+
 
 /* Loads micro-batch rows: sequence indices from the order contract. */
 static int load_rows(struct worker *w, struct data_set *d, const int64_t *seq_index, int rows)
