@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 18 on one H200, from the repo root: is the default CUDA path deterministic? The Qwen3-1.7B
+# Determinism on one H200, from the repo root: is the default CUDA path deterministic? The Qwen3-1.7B
 # shape (random init, seq 4096, 2 sequences per step, clipping, 8 steps), with the default settings
 # (runtime.deterministic = true): two uninterrupted runs, one whose first worker is killed (kill -9)
 # once step 3 is logged, one whose first optimizer is; their fp32 exports are compared bitwise
@@ -16,7 +16,8 @@ shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 [ "${shm_free:-0}" -lt 60 ] && mount -o remount,size=100G /dev/shm
 log "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); cuDNN from ${cudnn_lib:-the loader path}"
 random_tokens "$w/train.bin" 2000000
-qwen3_1_7b_job "$w" 8
+bench_job "$w"
+job_args+=(train.steps=8)
 deadline=${DEADLINE:-560}
 : > "$out/determinism.results"
 
@@ -29,7 +30,7 @@ run() {
     [ "$limit" -gt 200 ] && limit=200
     [ "$limit" -lt 40 ] && { log "$name: skipped (no time left)"; return; }
     rm -rf "$d" && mkdir -p "$d"
-    timeout "$limit" "$build/slidedp-launch" "$w/job.ini" "log.dir=$d/log" "checkpoint.dir=$d/ckpt" \
+    timeout "$limit" "$build/slidedp-launch" "${job_args[@]}" "log.dir=$d/log" "checkpoint.dir=$d/ckpt" \
         checkpoint.save_final=true checkpoint.export_dtype=fp32 "$@" > "$out/det_$name.log" 2>&1 &
     local pid=$! killed=""
     if [ "$kill" != none ]; then

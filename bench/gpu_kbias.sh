@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 18 on a GPU host, from the repo root: the k_proj.bias numerics of the CUDA backend. A
+# Bias numerics on a GPU host, from the repo root: the k_proj.bias numerics of the CUDA backend. A
 # Qwen2-style model (q/k/v biases) trained by slidedp on the GPU, by PyTorch with bf16 autocast and
 # by PyTorch in fp32 (the reference), from the same weights, data and AdamW: per tensor, the cosine
 # of each update (final - initial) with the reference's (bench/kbias.py). Two models: the qwen2

@@ -1,11 +1,11 @@
 #!/bin/bash
-# Issue 19 on a GPU host, from the repo root: the Qwen3-8B shape (random init, seq 4096, bf16
+# Lean host state on a GPU host, from the repo root: the Qwen3-8B shape (random init, seq 4096, bf16
 # gradients) at 8k and 64k tokens per step with fp32 optimizer state (clipping, and without) and
 # bf16 state, once in gpu_mem = 24G; the FSDP2 offload peer at 8B; Qwen3-1.7B at 8k with each state.
 # Per run: exit status, median step time, the planner's prediction, peak host memory (the job's
 # /dev/shm objects plus its processes' private RSS, sampled every 0.5 s), peak GPU memory
 # (nvidia-smi, the whole process), and host bytes per parameter. Prints one table; logs in $OUT.
-# Needs .gpudeps/ as gpu_issue4.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
+# Needs .gpudeps/ as gpu_build.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
 # ONLY="name ..." runs just those runs; DEADLINE caps the call's seconds; BASE_LAUNCH=path runs the
 # 1.7B exact-mode job also with that slidedp-launch (today's code, built from main) for comparison.
 . bench/gpu_build.sh
