@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "fsutil.h"
 #include "ini_lines.h"
 #include "topology.h"
 
@@ -323,12 +324,6 @@ static bool is_dir(const char *p)
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static bool is_file(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* Removes "." segments and folds "dir/.." pairs of an absolute path, in place. */
 static void normalize_path(char *path)
 {
@@ -409,7 +404,7 @@ static int validate(struct parse_ctx *c)
         return key_err(c, "model", "path", "'%s' is not a directory", job->model_path);
     char cfg[JOB_PATH_MAX + 16];
     snprintf(cfg, sizeof cfg, "%s/config.json", job->model_path);
-    if (!is_file(cfg))
+    if (!fs_is_file(cfg))
         return key_err(c, "model", "path", "'%s' has no config.json", job->model_path);
 
     if (!job->data_train[0])
@@ -446,7 +441,7 @@ static int validate(struct parse_ctx *c)
         if (job_resolve_path(job, job->topology, resolved) != 0)
             return key_err(c, "runtime", "topology", "%s", sd_errmsg());
         snprintf(job->topology, sizeof job->topology, "%s", resolved);
-        if (!is_file(job->topology))
+        if (!fs_is_file(job->topology))
             return key_err(c, "runtime", "topology", "'%s' is not a file", job->topology);
         struct topology topo;
         if (topology_load(job->topology, &topo) != 0)

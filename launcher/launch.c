@@ -558,10 +558,13 @@ static void describe_nonfinite(struct sup *s)
 static void mark_dead_ranks(struct sup *s)
 {
     struct ctl_header *h = s->h;
-    for (uint32_t step = s->logged + 1; step <= ctl_committed_step(h); step++)
+    uint32_t committed = ctl_committed_step(h);
+    for (uint32_t step = s->logged + 1; step <= committed; step++) {
+        struct step_record *rec = ctl_step(h, step);
         for (int r = 0; r < h->gpus; r++)
-            if (atomic_load(&ctl_step(h, step)->step) == step && atomic_load(&ctl_step(h, step)->rank_done[r]) != step)
+            if (atomic_load(&rec->step) == step && atomic_load(&rec->rank_done[r]) != step)
                 ctl_finish_rank(h, step, r);
+    }
 }
 
 static void finish(struct sup *s)
