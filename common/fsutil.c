@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,4 +162,16 @@ int fs_publish_dir(const char *tmp_dir, const char *dst)
     snprintf(parent, sizeof parent, "%s", dst);
     fs_fsync_dir(dirname(parent));
     return had_old ? fs_rm_rf(old) : 0;
+}
+
+const char *fs_bytes_str(double bytes, char out[32])
+{
+    double a = fabs(bytes), gib = 1024.0 * 1024 * 1024, mib = 1024.0 * 1024;
+    if (a >= gib)
+        snprintf(out, 32, "%.2f GiB", bytes / gib);
+    else if (a >= mib)
+        snprintf(out, 32, "%.2f MiB", bytes / mib);
+    else
+        snprintf(out, 32, "%.1f KiB", bytes / 1024.0);
+    return out;
 }

@@ -1,6 +1,6 @@
 /* Small filesystem helpers for outputs that must never be left half-written: mkdir -p, recursive
- * removal, file copy, atomic file and directory publication (temp + fsync + rename); and where the
- * running program lives. */
+ * removal, file copy, atomic file and directory publication (temp + fsync + rename); where the
+ * running program lives, and byte counts for messages. */
 #ifndef SD_FSUTIL_H
 #define SD_FSUTIL_H
 
@@ -20,5 +20,7 @@ int fs_exists(const char *path);
 int fs_is_file(const char *path);
 /* The folder of the running executable (where its sibling programs are). */
 int fs_self_dir(char *out, size_t len);
+/* A byte count in the unit that reads best ("1.50 GiB", "3.20 MiB", "12.0 KiB"); returns out. */
+const char *fs_bytes_str(double bytes, char out[32]);
 
 #endif

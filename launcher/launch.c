@@ -580,7 +580,12 @@ static void finish(struct sup *s)
         char dir[JOB_PATH_MAX + 16];
         snprintf(dir, sizeof dir, "%s/final", s->st.job.ckpt_dir);
         if (state_export(&s->st, dir) != 0) {
-            fprintf(stderr, "slidedp-launch: export failed: %s\n", sd_errmsg());
+            /* the trained state stays: a rerun adopts it and only exports (its logged steps are all done) */
+            fprintf(stderr,
+                    "slidedp-launch: export failed: %s; the trained state stays in /dev/shm/slidedp.%s.*: fix the "
+                    "cause and run the same command again to export it (or remove it with --clean)\n",
+                    sd_errmsg(), s->st.job_name);
+            s->st.created = false;
             s->exit_code = 1;
         } else {
             printf("exported %s\n", dir);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/fsutil.h"
 
 /* Kernel pseudo-filesystems (statfs f_type) where files cannot be written. */
 static const struct {
@@ -55,8 +56,8 @@ static int check_dir(const char *key, const char *dir, char base[JOB_PATH_MAX])
 }
 
 /* Bytes the checkpoints and the export of final/ take on disk at the most: each checkpoint is the
- * weights in export_dtype plus fp32 master, m and v; a new one is written before the oldest of
- * the `keep` is removed. */
+ * weights in export_dtype plus fp32 master and m and v in optimizer_state's dtype; a new one is
+ * written before the oldest of the `keep` is removed. */
 static double disk_bytes_needed(const struct job_state *st)
 {
     const struct job_config *job = &st->job;
@@ -64,7 +65,8 @@ static double disk_bytes_needed(const struct job_state *st)
     int periodic = job->ckpt_every > 0 ? job->steps / job->ckpt_every : 0;
     int written = periodic + (job->save_final ? 1 : 0);
     int on_disk = written < job->ckpt_keep + 1 ? written : job->ckpt_keep + 1;
-    return on_disk * (weights + 12 * params) + (job->save_final ? weights : 0);
+    double optimizer = params * (4 + 2 * (double)ctl_state_size(job->optimizer_state));
+    return on_disk * (weights + optimizer) + (job->save_final ? weights : 0);
 }
 
 int preflight_paths(const struct job_state *st)
@@ -75,14 +77,16 @@ int preflight_paths(const struct job_state *st)
         check_dir("[checkpoint] dir", job->ckpt_dir, ckpt_base) != 0)
         return -1;
     struct statvfs vfs;
-    double need = disk_bytes_needed(st), gib = 1024.0 * 1024 * 1024;
+    double need = disk_bytes_needed(st);
     if (statvfs(ckpt_base, &vfs) == 0) {
         double avail = (double)vfs.f_bavail * (double)vfs.f_frsize;
+        char need_s[32], avail_s[32], missing_s[32];
         if (need > avail)
             fprintf(stderr,
-                    "slidedp-launch: warning: the checkpoints and the export in %s need up to %.2f GiB; %s has "
-                    "%.2f GiB free, %.2f GiB missing (lower checkpoint.keep, or free space before they are due)\n",
-                    job->ckpt_dir, need / gib, ckpt_base, avail / gib, (need - avail) / gib);
+                    "slidedp-launch: warning: the checkpoints and the export in %s need up to %s; %s has %s free, "
+                    "%s missing (lower checkpoint.keep, or free space before they are due)\n",
+                    job->ckpt_dir, fs_bytes_str(need, need_s), ckpt_base, fs_bytes_str(avail, avail_s),
+                    fs_bytes_str(need - avail, missing_s));
     }
     return 0;
 }

@@ -24,15 +24,7 @@ static const char *sz(double bytes)
 {
     static char bufs[12][32];
     static int next;
-    char *b = bufs[next++ % 12];
-    double a = fabs(bytes);
-    if (a >= GIB)
-        snprintf(b, 32, "%.2f GiB", bytes / GIB);
-    else if (a >= 1024.0 * 1024)
-        snprintf(b, 32, "%.2f MiB", bytes / (1024.0 * 1024));
-    else
-        snprintf(b, 32, "%.1f KiB", bytes / 1024.0);
-    return b;
+    return fs_bytes_str(bytes, bufs[next++ % 12]);
 }
 
 static const char *source_name(int src)

@@ -14,6 +14,7 @@
 
 #include "common/data.h"
 #include "common/err.h"
+#include "common/fsutil.h"
 #include "common/hf.h"
 #include "common/job.h"
 #include "common/layout.h"
@@ -160,9 +161,39 @@ static const struct bad_case cases[] = {
 #endif
 };
 
+/* Cases whose launcher runs in its own mount namespace with a tmpfs mounted on <case dir>/DIR with
+ * OPTIONS (mount = "OPTIONS DIR"; needs root). */
+static const struct {
+    struct bad_case c;
+    const char *mount;
+} mount_cases[] = {
+    {{"checkpoint.dir on a read-only filesystem", "mkdir %s/rofs", NULL, "checkpoint.dir=rofs/ckpt",
+      "rofs is on a read-only filesystem"},
+     "ro,size=1m rofs"},
+    {{"log.dir on a read-only filesystem", "mkdir %s/rofs", NULL, "log.dir=rofs/log", "rofs is on a read-only filesystem"},
+     "ro,size=1m rofs"},
+};
+
 static const char *base_ini = "[model]\npath = model\n[data]\ntrain = train.bin\nseq_len = 32\n[train]\n"
                               "micro_batch = 2\nsteps = 3\nlr = 1e-3\n[checkpoint]\ndir = ckpt\n[runtime]\ndevice = cpu\n"
                               "gpus = 1\n[log]\ndir = log\n";
+
+/* Whether this process may make mount namespaces (root, not confined): the read-only and disk-full
+ * cases need them. */
+static bool mount_namespaces(void)
+{
+    return system("unshare -m true > /dev/null 2>&1") == 0;
+}
+
+/* The shell command that runs cmd in a new mount namespace with a tmpfs on cdir/DIR ("OPTIONS DIR"). */
+static void in_mount_ns(char *out, size_t len, const char *cdir, const char *mount, const char *cmd)
+{
+    char options[128], mdir[128];
+    if (sscanf(mount, "%127s %127s", options, mdir) != 2)
+        fail_msg("bad mount spec '%s'", mount);
+    if (snprintf(out, len, "unshare -m sh -c 'mount -t tmpfs -o %s none %s/%s && %s'", options, cdir, mdir, cmd) >= (int)len)
+        fail_msg("command too long for its buffer");
+}
 
 /* Shared memory objects of the job whose log.dir is <case dir>/log (other jobs may run meanwhile). */
 static int count_shm(const char *cdir)
@@ -182,7 +213,7 @@ static char *snapshot(const char *d)
     return out;
 }
 
-static void run_case(const struct bad_case *c, int i)
+static void run_case(const struct bad_case *c, int i, const char *mount)
 {
     char cdir[1300], ini[1400], text[4096];
     snprintf(cdir, sizeof cdir, "%s/case%02d", dir, i);
@@ -196,10 +227,18 @@ static void run_case(const struct bad_case *c, int i)
     snprintf(text, sizeof text, "%s%s", base_ini, c->ini_extra ? c->ini_extra : "");
     snprintf(ini, sizeof ini, "%s/job.ini", cdir);
     tu_write_file(ini, text);
+    if (mount && !mount_namespaces()) {
+        printf("# %-36s -> SKIPPED: this process may not make mount namespaces (unshare -m; needs root)\n", c->name);
+        tu_rmrf(cdir);
+        return;
+    }
     char *before = snapshot(cdir);
     int shm_before = count_shm(cdir);
-    char *out = NULL;
-    int rc = tu_sh(&out, "%s %s %s 2>&1", tu_bin("slidedp-launch"), ini, c->override ? c->override : "");
+    char *out = NULL, launch[4096], wrapped[4600];
+    snprintf(launch, sizeof launch, "%s %s %s 2>&1", tu_bin("slidedp-launch"), ini, c->override ? c->override : "");
+    if (mount)
+        in_mount_ns(wrapped, sizeof wrapped, cdir, mount, launch);
+    int rc = tu_sh(&out, "%s", mount ? wrapped : launch);
     printf("# %-36s -> %s", c->name, out);
     if (rc != 2 || !strstr(out, c->expect))
         fail_msg("case '%s': exit %d, message lacks '%s'", c->name, rc, c->expect);
@@ -220,7 +259,9 @@ static void test_table(void **state)
     printf("# %d cases\n", n);
     assert_true(n >= 25);
     for (int i = 0; i < n; i++)
-        run_case(&cases[i], i);
+        run_case(&cases[i], i, NULL);
+    for (int i = 0; i < (int)(sizeof mount_cases / sizeof mount_cases[0]); i++)
+        run_case(&mount_cases[i].c, n + i, mount_cases[i].mount);
 }
 
 /* Shared memory of a live job with the same log.dir, then of a dead one with another config. */
@@ -289,6 +330,69 @@ static void test_plan_little_host_memory(void **state)
     free(out);
 }
 
+/* A checkpoint disk too small for the export: the launcher warns up front with the amounts, trains,
+ * fails the export but keeps the trained state in shared memory; the same command on a disk with
+ * room then only exports, and the weights are bit-identical to a run that never lacked space. */
+static void test_disk_full(void **state)
+{
+    if (!mount_namespaces()) {
+        printf("# SKIPPED: this process may not make mount namespaces (unshare -m; needs root)\n");
+        skip();
+    }
+    char cdir[1300], ini[1400], cmd[8192], launch[4096], *out = NULL;
+    snprintf(cdir, sizeof cdir, "%s/diskfull", dir);
+    tu_rmrf(cdir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/small && cp -r %s/model %s/train.bin %s/", cdir, dir, dir, cdir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(ini, sizeof ini, "%s/job.ini", cdir);
+    tu_write_file(ini, base_ini);
+    /* the reference: the same job with the checkpoints on the ordinary disk */
+    int rc = tu_sh(&out, "%s %s checkpoint.dir=ref-ckpt log.dir=ref-log 2>&1", tu_bin("slidedp-launch"), ini);
+    assert_int_equal(rc, 0);
+    free(out);
+    /* 16 KiB: too small for the tiny model's ~0.2 MiB export */
+    snprintf(launch, sizeof launch, "%s %s checkpoint.dir=small/ckpt 2>&1", tu_bin("slidedp-launch"), ini);
+    in_mount_ns(cmd, sizeof cmd, cdir, "size=16k small", launch);
+    rc = tu_sh(&out, "%s", cmd);
+    printf("%s# exit %d\n", out, rc);
+    assert_int_equal(rc, 1);
+    /* steps = 3, no periodic checkpoints: the final checkpoint (bf16 weights, fp32 master, m, v)
+     * and the export (bf16 weights): 16 bytes per parameter */
+    char cfg_path[1400], need[32], line[256];
+    snprintf(cfg_path, sizeof cfg_path, "%s/model/config.json", dir);
+    struct model_config cfg;
+    struct layout lay;
+    assert_int_equal(model_config_load(cfg_path, &cfg), 0);
+    assert_int_equal(layout_build(&cfg, 1, &lay), 0);
+    snprintf(line, sizeof line, "need up to %s; ", fs_bytes_str(16.0 * (double)lay.num_params, need));
+    layout_free(&lay);
+    assert_non_null(strstr(out, "warning: the checkpoints and the export in"));
+    assert_non_null(strstr(out, line));
+    assert_non_null(strstr(out, "has 16.0 KiB free"));
+    assert_non_null(strstr(out, "No space left on device"));
+    assert_non_null(strstr(out, "the trained state stays in /dev/shm/slidedp."));
+    free(out);
+    assert_true(count_shm(cdir) > 0);
+    in_mount_ns(cmd, sizeof cmd, cdir, "size=16m small", launch);
+    /* the mount is gone with its namespace: copy the export out before it goes */
+    char keep[9000];
+    snprintf(keep, sizeof keep, "%s && cp %s/small/ckpt/final/model.safetensors %s/exported.safetensors", launch, cdir,
+             cdir);
+    in_mount_ns(cmd, sizeof cmd, cdir, "size=16m small", keep);
+    rc = tu_sh(&out, "%s", cmd);
+    printf("%s# rerun on a disk with room: exit %d\n", out, rc);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "adopting the state"));
+    assert_null(strstr(out, "step     1/"));
+    free(out);
+    assert_int_equal(count_shm(cdir), 0);
+    rc = tu_sh(&out, "cmp %s/exported.safetensors %s/ref-ckpt/final/model.safetensors 2>&1", cdir, cdir);
+    printf("# exported weights against the reference run: %s", rc == 0 ? "identical\n" : out);
+    assert_int_equal(rc, 0);
+    free(out);
+    tu_rmrf(cdir);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "badinput"));
@@ -298,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_existing_state),
         cmocka_unit_test(test_plan_little_host_memory),
+        cmocka_unit_test(test_disk_full),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)
