@@ -1,8 +1,9 @@
 /* The step-time and memory model of one candidate plan: what a step costs each stream (device
  * compute, host->device weights, device->host gradients, the CPU optimizers, host memory
  * bandwidth), the step time the pipeline gives when they overlap, and the device and host memory
- * the plan needs. It mirrors worker/model.c (ops, allocations, gradient buffers), worker/pipeline.c
- * (chunk cache, gradient slots, the poster thread) and optimizer/optim.c (reduce, norm, update).
+ * the plan needs. It mirrors worker/model.c (ops, allocations, gradient buffers), worker/pipeline*.c
+ * (chunk cache, gradient slots, the poster thread, the exchange) and optimizer/optim.c (reduce,
+ * norm, update).
  * Used by the plan search. */
 #ifndef SD_PLANNER_COST_H
 #define SD_PLANNER_COST_H
@@ -46,7 +47,7 @@ struct step_pred {
     double optim_bytes; /* host bytes all optimizer processes touch per step */
 };
 
-/* Device memory per rank, bytes, as worker/pipeline.c and worker/model.c allocate it. */
+/* Device memory per rank, bytes, as worker/pipeline*.c and worker/model.c allocate it. */
 struct gpu_mem_pred {
     int64_t chunk_bufs;    /* chunk_buffers x largest chunk x weight dtype */
     int64_t grad_bufs;     /* fp32: the embedding chunk's and two for the others, plus one per

@@ -330,15 +330,16 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
 
     w->num_grad_bufs = h->num_chunks + 2; /* resident per-chunk buffers, or two alternating ones */
     w->grad_bufs = calloc((size_t)w->num_grad_bufs, sizeof *w->grad_bufs);
-    w->cache_size = h->plan.chunk_buffers;
-    w->cache = calloc((size_t)w->cache_size, sizeof *w->cache);
-    if (!w->cache || !w->grad_bufs)
+    w->cache.size = h->plan.chunk_buffers;
+    w->cache.entries = calloc((size_t)w->cache.size, sizeof *w->cache.entries);
+    w->cache_dev = calloc((size_t)w->cache.size, sizeof *w->cache_dev);
+    if (!w->cache.entries || !w->cache_dev || !w->grad_bufs)
         return sd_err("out of memory");
+    chunk_cache_clear(&w->cache);
     size_t wbytes = (size_t)h->max_chunk_numel * be_dtype_size(w->be.weight_dtype);
-    for (int i = 0; i < w->cache_size; i++) {
-        w->cache[i].chunk = -1;
-        w->cache[i].dev = w->be.ops->alloc(&w->be, wbytes);
-        if (!w->cache[i].dev)
+    for (int i = 0; i < w->cache.size; i++) {
+        w->cache_dev[i] = w->be.ops->alloc(&w->be, wbytes);
+        if (!w->cache_dev[i])
             return sd_err_prefix("chunk buffer %d of %zu bytes", i, wbytes);
     }
     if (model_init(&w->model, &w->be, &h->model, ctl_tensors(h), h->num_tensors, ctl_chunks(h), h->num_chunks, w->mb,

@@ -1,6 +1,6 @@
 /* The worker's chunk cache (worker/pipeline_internal.h): device buffers holding (chunk, version)
  * pairs, filled from params16 (or gathered from the peers' windows when parameters are sharded),
- * evicted least recently used, and the model's weights callbacks over it. */
+ * evicted as worker/chunk_cache.h says, and the model's weights callbacks over it. */
 #include "pipeline_internal.h"
 
 #include <stdio.h>
@@ -39,42 +39,18 @@ const uint16_t *wait_version(struct worker *w, int c)
     return job_params16_of(&w->shm, w->need_version) + ch->offset;
 }
 
-static struct cache_entry *cache_find(struct worker *w, int c)
-{
-    for (int i = 0; i < w->cache_size; i++)
-        if (w->cache[i].chunk == c && w->cache[i].version == w->need_version)
-            return &w->cache[i];
-    return NULL;
-}
-
-static struct cache_entry *cache_victim(struct worker *w)
-{
-    struct cache_entry *best = NULL;
-    for (int i = 0; i < w->cache_size; i++) {
-        struct cache_entry *e = &w->cache[i];
-        if (e->held)
-            continue;
-        if (e->chunk < 0)
-            return e;
-        if (!best || e->last_use < best->last_use)
-            best = e;
-    }
-    return best;
-}
-
-static void cache_fill(struct worker *w, struct cache_entry *e, int c, const uint16_t *src)
+/* Copies version need_version of chunk c from the host into cache entry i's buffer. */
+static void cache_fill(struct worker *w, int i, int c, const uint16_t *src)
 {
     const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
-    int slot = (int)(e - w->cache);
-    e->chunk = c;
-    e->version = w->need_version;
-    w->be.ops->fetch_weights_async(&w->be, slot, e->dev, src, (size_t)ch->numel);
+    w->be.ops->fetch_weights_async(&w->be, i, w->cache_dev[i], src, (size_t)ch->numel);
     atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)ch->numel * 2, memory_order_relaxed);
 }
 
-/* Brings chunk c at the pass's version into cache entry e. */
-static void fetch_chunk(struct worker *w, struct cache_entry *e, int c)
+/* Brings chunk c at the pass's version into cache entry i. */
+static void fetch_chunk(struct worker *w, int i, int c)
 {
+    bool gathered = false;
     if (w->sharded_params) {
         uint64_t key = xchg_param_key(w->ctl, w->need_version, c);
         if (key > w->next_param_key) {
@@ -83,13 +59,15 @@ static void fetch_chunk(struct worker *w, struct cache_entry *e, int c)
             abort();
         }
         if (key == w->next_param_key) {
-            gather_chunk(w, e, c, key);
+            gather_chunk(w, w->cache_dev[i], c, key);
             w->next_param_key++;
-            return;
+            gathered = true;
         }
-        /* read again later in the pass (the cache could not keep it): straight from the host */
+        /* else read again later in the pass (the cache could not keep it): straight from the host */
     }
-    cache_fill(w, e, c, wait_version(w, c));
+    if (!gathered)
+        cache_fill(w, i, c, wait_version(w, c));
+    chunk_cache_fill(&w->cache, i, c, w->need_version);
 }
 
 const void *io_weights(void *ctx, int c, int next)
@@ -97,31 +75,28 @@ const void *io_weights(void *ctx, int c, int next)
     struct worker *w = ctx;
     atomic_store_explicit(&w->slot->chunk, c, memory_order_relaxed);
     atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
-    struct cache_entry *e = cache_find(w, c);
-    if (!e) {
-        e = cache_victim(w);
-        SD_ASSERT(e); /* the plan gives at least one buffer more than a pass holds at once */
-        fetch_chunk(w, e, c);
+    int i = chunk_cache_find(&w->cache, c, w->need_version);
+    if (i < 0) {
+        i = chunk_cache_victim(&w->cache);
+        SD_ASSERT(i >= 0); /* the plan gives at least one buffer more than a pass holds at once */
+        fetch_chunk(w, i, c);
     }
-    e->held = true;
-    e->last_use = ++w->use_clock;
-    w->be.ops->wait_weights(&w->be, (int)(e - w->cache));
+    chunk_cache_hold(&w->cache, i);
+    w->be.ops->wait_weights(&w->be, i);
     /* Prefetch the next chunk when its version is already published and a buffer is free. */
-    if (next >= 0 && !w->recovering && !cache_find(w, next)) {
+    if (next >= 0 && !w->recovering && chunk_cache_find(&w->cache, next, w->need_version) < 0) {
         struct chunk_state *cs = ctl_chunk_state(w->ctl, next);
         if (atomic_load_explicit(&cs->version, memory_order_acquire) == w->need_version) {
-            struct cache_entry *v = cache_victim(w);
-            if (v)
+            int v = chunk_cache_victim(&w->cache);
+            if (v >= 0)
                 fetch_chunk(w, v, next);
         }
     }
-    return e->dev;
+    return w->cache_dev[i];
 }
 
 void io_release(void *ctx, int c)
 {
     struct worker *w = ctx;
-    for (int i = 0; i < w->cache_size; i++)
-        if (w->cache[i].chunk == c)
-            w->cache[i].held = false;
+    chunk_cache_release(&w->cache, c);
 }

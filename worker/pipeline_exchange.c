@@ -87,15 +87,15 @@ static size_t weight_size(const struct worker *w)
 static void stage_weights(struct worker *w, void *dst, int c, int64_t lo, int64_t n)
 {
     const uint16_t *src = wait_version(w, c);
-    w->be.ops->fetch_weights_async(&w->be, w->cache_size, dst, src + lo, (size_t)n);
+    w->be.ops->fetch_weights_async(&w->be, w->cache.size, dst, src + lo, (size_t)n);
     w->be.ops->synchronize(&w->be);
     atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)n * 2, memory_order_relaxed);
 }
 
 /* Sharded parameters: the first read of a (chunk, version), which every rank makes in the same
  * order, copies this rank's shard from the host into its window and every rank's shard from the
- * windows into the cache entry. */
-void gather_chunk(struct worker *w, struct cache_entry *e, int c, uint64_t key)
+ * windows into device memory dst (a cache entry's buffer). */
+void gather_chunk(struct worker *w, void *dst, int c, uint64_t key)
 {
     struct ctl_header *h = w->ctl;
     const struct chunk_desc *ch = &ctl_chunks(h)[c];
@@ -112,14 +112,12 @@ void gather_chunk(struct worker *w, struct cache_entry *e, int c, uint64_t key)
     xchg_wait_all(w, offsetof(struct xchg_rank, param_staged), key + 1);
     for (int r = 0; r < w->G; r++) {
         size_t lo = (size_t)layout_shard_begin(ch->numel, w->G, r), n = (size_t)layout_shard_numel(ch->numel, w->G, r);
-        w->be.ops->copy_device(&w->be, (char *)e->dev + lo * ws, window_of(w, r) + off, n * ws);
+        w->be.ops->copy_device(&w->be, (char *)dst + lo * ws, window_of(w, r) + off, n * ws);
         if (r != w->rank)
             atomic_fetch_add_explicit(&w->slot->bytes_peer, (uint64_t)(n * ws), memory_order_relaxed);
     }
     w->be.ops->synchronize(&w->be);
     xchg_publish(w, &xchg_of(w, w->rank)->param_gathered, key + 1);
-    e->chunk = c;
-    e->version = w->need_version;
 }
 
 /* GPU-side gradients: puts this micro-step's gradient of chunk c in our window, adds our shard of

@@ -9,18 +9,11 @@
 #include <stddef.h>
 
 #include "common/data.h"
+#include "worker/chunk_cache.h"
 #include "worker/model.h"
 #include "worker/pipeline.h"
 
 #define WAIT_SLICE_MS 100
-
-struct cache_entry {
-    void *dev;
-    int chunk;         /* -1 when empty */
-    uint32_t version;
-    bool held;
-    uint64_t last_use;
-};
 
 /* A gradient on its way to the host, or (chunk < 0) a progress mark, for the poster thread. */
 struct post {
@@ -47,9 +40,8 @@ struct worker {
     int rank, G, A, mb, T;
     uint32_t generation;
 
-    struct cache_entry *cache;
-    int cache_size;
-    uint64_t use_clock;
+    struct chunk_cache cache; /* what each device buffer holds (worker/chunk_cache.h) */
+    void **cache_dev;         /* the device buffer of each cache entry */
     uint32_t need_version; /* the params version the current pass reads */
 
     int next_grad_slot;
@@ -106,7 +98,7 @@ const void *io_weights(void *ctx, int c, int next);
 void io_release(void *ctx, int c);
 
 /* pipeline_exchange.c: parameters gathered from and gradients reduced with the peer workers */
-void gather_chunk(struct worker *w, struct cache_entry *e, int c, uint64_t key);
+void gather_chunk(struct worker *w, void *dst, int c, uint64_t key);
 void reduce_scatter_chunk(struct worker *w, int c, float *grad);
 int exchange_setup(struct worker *w);
 
