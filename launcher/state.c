@@ -459,8 +459,7 @@ int state_create(struct job_state *st)
     struct data_set data;
     if (data_open(job->data_train, job->seq_len, st->cfg.vocab_size, job->shuffle, job->seed, &data) != 0)
         return sd_err_prefix("[data] train");
-    int64_t batch = (int64_t)job->gpus * job->grad_accum * job->micro_batch;
-    if (data_check_targets(&data, job->steps, batch) != 0) {
+    if (data_check_targets(&data, job->steps, job_sequences_per_step(job)) != 0) {
         data_close(&data);
         return sd_err_prefix("[data] train %s", job->data_train);
     }

@@ -578,9 +578,8 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         .direct = plan_grads_direct(p, G, A),
         .shard_acc = gpu_grads,
         .sharded = p->param_route == PARAMS_SHARDED && G > 1,
-        /* gradients sent to the host per step: every micro-step's, or once when the micro-steps are
-         * summed on the device (on-device accumulation, or the GPU-side route's shard accumulators) */
-        .sends = p->accumulate_on_device || gpu_grads ? 1 : A,
+        /* gradients sent to the host per step: every micro-step's, or one */
+        .sends = plan_one_post_per_rank(p, G) ? 1 : A,
         .bf16_grads = bf16_grads,
         .sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
         /* m and v in bf16: 8 bytes less. The update is priced as bound by host memory (the

@@ -603,7 +603,7 @@ int main(int argc, char **argv)
         .topo = &topo,
         .topo_note = topo_note,
         .num_params = (double)model_config_num_params(&cfg),
-        .tokens = (double)job.gpus * job.grad_accum * job.micro_batch * job.seq_len,
+        .tokens = (double)job_tokens_per_step(&job),
     };
     if (json)
         print_json(&r);

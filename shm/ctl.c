@@ -135,7 +135,7 @@ bool ctl_grad_out(struct ctl_header *h, int r, int c, uint32_t s, uint32_t m)
 /* Every gradient of step s from every rank has reached the optimizers (or their rings). */
 static bool step_grads_out(struct ctl_header *h, uint32_t s)
 {
-    bool one_post = h->plan.accumulate_on_device || (h->plan.grad_route == GRADS_GPU && h->gpus > 1);
+    bool one_post = plan_one_post_per_rank(&h->plan, h->gpus);
     int per_rank = one_post ? 1 : h->job.grad_accum;
     for (int c = 0; c < h->num_chunks; c++)
         for (int r = 0; r < h->gpus; r++)

@@ -113,7 +113,7 @@ static int load_rows(struct worker *w, struct data_set *d, const int64_t *seq_in
 static int count_step_targets(struct worker *w, int64_t step, int64_t *count)
 {
     if (!w->train.has_flags) {
-        *count = (int64_t)w->G * w->A * w->mb * w->T;
+        *count = job_tokens_per_step(&w->ctl->job);
         return 0;
     }
     int64_t n = 0;
@@ -159,7 +159,7 @@ static int train_step(struct worker *w, uint32_t s)
     /* Micro-steps summing on the device post once, at the last one, as micro-batch r (GPU-side
      * gradients too, each rank its shard); a restart then has nothing posted to build on and redoes
      * the step from its first micro-step. */
-    bool one_post = h->plan.accumulate_on_device || w->gpu_grads;
+    bool one_post = plan_one_post_per_rank(&h->plan, w->G);
     bool redo_step = one_post || h->exchange;
     if (one_post && first < (uint32_t)w->A)
         first = 0;
@@ -270,18 +270,11 @@ static bool may_start_step(struct worker *w, uint32_t s)
     }
 }
 
-static bool is_val_step(const struct ctl_header *h, bool have_val, uint32_t s)
-{
-    if (!have_val)
-        return false;
-    return s == (uint32_t)h->job.steps || (h->job.val_every > 0 && s % (uint32_t)h->job.val_every == 0);
-}
-
 /* Whether step s needs no validation from this rank (any more): not a validation step, or its sums
  * are written, or the step is logged. */
 static bool val_done(struct worker *w, uint32_t s)
 {
-    return !is_val_step(w->ctl, w->have_val, s) ||
+    return !job_is_val_step(&w->ctl->job, s) ||
            atomic_load_explicit(&ctl_step(w->ctl, s)->val_done[w->rank], memory_order_acquire) == s ||
            step_logged(w, s);
 }
