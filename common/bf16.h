@@ -8,18 +8,29 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float bf16_to_f32(uint16_t h)
+/* An fp32 value's bits, and the value of fp32 bits. */
+static inline uint32_t f32_bits(float f)
 {
-    uint32_t u = (uint32_t)h << 16;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float f32_of_bits(uint32_t u)
+{
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
+static inline float bf16_to_f32(uint16_t h)
+{
+    return f32_of_bits((uint32_t)h << 16);
+}
+
 static inline uint16_t f32_to_bf16(float f)
 {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and payload top, force quiet */
         return (uint16_t)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
@@ -31,8 +42,7 @@ static inline uint16_t f32_to_bf16(float f)
  * average; r holds 16 uniformly random bits. NaN is kept quiet as in f32_to_bf16. */
 static inline uint16_t f32_to_bf16_stochastic(float f, uint32_t r)
 {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u)
         return (uint16_t)((u >> 16) | 0x40);
     return (uint16_t)((u + (r & 0xffffu)) >> 16);
@@ -61,36 +71,27 @@ static inline float f32_round_bf16(float f)
 static inline float f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
-    if (exp == 0) {
-        float v = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant * 2^-24, exact */
-        memcpy(&u, &v, 4);
-        u |= sign;
-    } else if (exp == 31) {
+    if (exp == 0)
+        u = sign | f32_bits((float)mant * (1.0f / 16777216.0f)); /* subnormal: mant * 2^-24, exact */
+    else if (exp == 31)
         u = sign | 0x7f800000u | (mant << 13);
-    } else {
+    else
         u = sign | ((exp + 112u) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return f32_of_bits(u);
 }
 
 /* Round to nearest even; NaN stays NaN, overflow becomes infinity. */
 static inline uint16_t f32_to_f16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, 4);
+    uint32_t x = f32_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     uint32_t a = x & 0x7fffffffu;
     if (a > 0x7f800000u)
         return sign | 0x7e00u;
     if (a >= 0x477ff000u) /* 65520 and above round to infinity */
         return sign | 0x7c00u;
-    if (a < 0x38800000u) { /* below 2^-14: subnormal; v * 2^24 is exact, rintf rounds to even */
-        float v;
-        memcpy(&v, &a, 4);
-        return sign | (uint16_t)rintf(v * 16777216.0f);
-    }
+    if (a < 0x38800000u) /* below 2^-14: subnormal; v * 2^24 is exact, rintf rounds to even */
+        return sign | (uint16_t)rintf(f32_of_bits(a) * 16777216.0f);
     uint32_t r = a - 0x38000000u; /* rebias the exponent from 127 to 15 */
     r += 0xfffu + ((r >> 13) & 1u);
     return sign | (uint16_t)(r >> 13);

@@ -455,6 +455,16 @@ static int validate(struct parse_ctx *c)
     if ((int64_t)job->micro_batch * job->seq_len > (int64_t)1 << 28)
         return key_err(c, "train", "micro_batch", "micro_batch x seq_len = %lld tokens is too many",
                        (long long)job->micro_batch * job->seq_len);
+    /* A pass holds at most two chunks at once (the tied embedding and the current one); one more
+     * buffer lets the next chunk stream in while the current one computes. */
+    if (job->chunk_buffers > 0 && job->chunk_buffers < 3)
+        return key_err(c, "runtime", "chunk_buffers", "%d is too few: at least 3 are needed", job->chunk_buffers);
+    if (job->update_mode == UPDATE_DURING_BACKWARD && job->grad_clip > 0)
+        return key_err(c, "runtime", "update_mode",
+                       "during_backward needs train.grad_clip = 0 (clipping needs the global norm before any update)");
+    if (job->grad_route == GRADS_GPU && job->accumulate_on_device == 1)
+        return key_err(c, "runtime", "accumulate_on_device",
+                       "true cannot go with grad_route = gpu (its shard accumulators sum the micro-steps on the GPUs)");
     if (job->act_policy == ACT_OFFLOAD && job->device == DEVICE_CPU)
         job->act_policy = ACT_RECOMPUTE; /* on the CPU backend host memory is device memory */
     return 0;

@@ -101,6 +101,27 @@ int job_config_load(const char *ini_path, int num_overrides, char **overrides, s
 /* LR for update s (from 1), docs/design.md §9.4. */
 double job_lr_at(const struct job_config *job, int step);
 
+/* Sequences in one step's global batch: every rank's micro-batch of every micro-step. */
+static inline int64_t job_sequences_per_step(const struct job_config *job)
+{
+    return (int64_t)job->gpus * job->grad_accum * job->micro_batch;
+}
+
+/* Token positions in one step's global batch (the loss mask not applied). */
+static inline int64_t job_tokens_per_step(const struct job_config *job)
+{
+    return job_sequences_per_step(job) * job->seq_len;
+}
+
+/* Whether the model is validated after update s: there is a validation set, and s is the last
+ * step or a multiple of val_every. */
+static inline bool job_is_val_step(const struct job_config *job, uint32_t s)
+{
+    if (!job->data_val[0])
+        return false;
+    return s == (uint32_t)job->steps || (job->val_every > 0 && s % (uint32_t)job->val_every == 0);
+}
+
 /* Resolves a path from job.ini relative to the ini file's folder into out (JOB_PATH_MAX). */
 int job_resolve_path(const struct job_config *job, const char *path, char *out);
 

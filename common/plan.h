@@ -61,6 +61,22 @@ static inline bool plan_uses_exchange(const struct plan *p, int gpus)
     return gpus > 1 && (p->param_route == PARAMS_SHARDED || p->grad_route == GRADS_GPU);
 }
 
+/* Whether params16 keeps each chunk's previous version beside the new one (two copies, versions by
+ * parity): updating during the backward, a worker redoing a step after a crash still finds the
+ * version it reads (docs/design.md §6.3). */
+static inline bool plan_keep_prev(const struct plan *p)
+{
+    return p->update_mode == UPDATE_DURING_BACKWARD;
+}
+
+/* Whether each rank posts each chunk's gradient once per step, its micro-steps summed on the device
+ * (on-device accumulation, or the GPU-side route's shard accumulators), as micro-batch r; else once
+ * per micro-step a, as micro-batch a*G + r (the order the optimizers sum them in). */
+static inline bool plan_one_post_per_rank(const struct plan *p, int gpus)
+{
+    return p->accumulate_on_device || (gpus > 1 && p->grad_route == GRADS_GPU);
+}
+
 /* Whether each chunk's gradient (or each rank's shard of it) reaches the host once per step. Then
  * the workers copy it straight into the accumulator, which lives in the grads region: no slots,
  * and the optimizer only squares it for the norm instead of copying it. */

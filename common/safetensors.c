@@ -383,17 +383,11 @@ int st_tensor_to_f32(const struct st_tensor *t, float *dst)
         memcpy(dst, s, n * 4);
         return 0;
     case ST_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            dst[i] = bf16_to_f32(h);
-        }
-        return 0;
     case ST_F16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, s + 2 * i, 2);
-            dst[i] = f16_to_f32(h);
+            dst[i] = t->dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
         }
         return 0;
     case ST_F64:

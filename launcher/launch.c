@@ -173,13 +173,6 @@ static void transition(struct sup *s, enum sup_state next)
     }
 }
 
-static bool is_val_step(const struct ctl_header *h, uint32_t s)
-{
-    if (!h->job.data_val[0])
-        return false;
-    return s == (uint32_t)h->job.steps || (h->job.val_every > 0 && s % (uint32_t)h->job.val_every == 0);
-}
-
 /* Model FLOPs per token as the PyTorch peer counts them: 6N plus the attention term. */
 static double flops_per_token(const struct ctl_header *h)
 {
@@ -288,11 +281,11 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     uint64_t t_commit = s->commit_ns[step % CTL_STEP_RECORDS];
     double step_s = (double)(t_commit - s->t_prev) * 1e-9;
     s->t_prev = t_commit;
-    int64_t tokens = (int64_t)G * job->grad_accum * job->micro_batch * job->seq_len;
+    int64_t tokens = job_tokens_per_step(job);
     double tok_s = step_s > 0 ? (double)tokens / step_s : 0;
     char val[160] = "";
     double val_loss = -1, val_acc = 0;
-    bool val_done = is_val_step(s->h, step) && all_marked(rec->val_done, G, step);
+    bool val_done = job_is_val_step(&s->h->job, step) && all_marked(rec->val_done, G, step);
     if (val_done) {
         double vl = 0;
         int64_t vc = 0, vok = 0;
@@ -410,7 +403,7 @@ static void poll_steps(struct sup *s)
             !atomic_load_explicit(&rec->norm_written, memory_order_acquire) ||
             !all_marked(rec->rank_done, h->gpus, next))
             break;
-        if (is_val_step(h, next) && !all_marked(rec->val_done, h->gpus, next))
+        if (job_is_val_step(&h->job, next) && !all_marked(rec->val_done, h->gpus, next))
             break;
         if (write_metrics(s, next, rec) != 0) {
             transition(s, SUP_FAILED);

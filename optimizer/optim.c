@@ -650,9 +650,8 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
         if (o->shm.grad_acc16 && !(l->grad32 = aligned_alloc(64, JOURNAL_BLOCK * sizeof(float))))
             return sd_err("optimizer: out of memory");
     }
-    /* one gradient per rank and micro-step, or per rank when micro-steps sum on the device */
     o->shard_grads = h->plan.grad_route == GRADS_GPU && h->gpus > 1;
-    o->total_micro = (uint32_t)(h->gpus * (h->plan.accumulate_on_device || o->shard_grads ? 1 : h->job.grad_accum));
+    o->total_micro = (uint32_t)(h->gpus * (plan_one_post_per_rank(&h->plan, h->gpus) ? 1 : h->job.grad_accum));
     o->norm_in_update = h->grads_direct && h->plan.update_mode == UPDATE_DURING_BACKWARD && !(h->job.grad_clip > 0);
     o->isa = adamw_isa_detect();
     snprintf(o->slot->device_name, sizeof o->slot->device_name, "cpu %s x%d", adamw_isa_name(o->isa), o->threads);

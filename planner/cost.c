@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "shm/ctl.h"
+#include "worker/chunk_cache.h"
 
 /* ---- per-op costs ---- */
 
@@ -242,7 +243,7 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
     int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;
     out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)64 << 20) + al(op_scratch, a);
     int G = job->gpus;
-    /* the exchange window (worker/pipeline.c) and, for GPU-side gradients, the shard sums */
+    /* the exchange window (worker/pipeline_exchange.c) and, for GPU-side gradients, the shard sums */
     if (plan_uses_exchange(mc->plan, G)) {
         bool gpu_grads = mc->plan->grad_route == GRADS_GPU;
         struct window_layout win;
@@ -260,39 +261,24 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
 
 void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
 {
-    const struct layout *lay = mc->lay;
-    const struct plan *p = mc->plan;
-    int G = mc->job->gpus;
     memset(out, 0, sizeof *out);
-    /* updating during the backward keeps the previous version of each chunk for a worker that
-     * redoes the step after a crash */
-    out->params16 = lay->total_numel * 2 * (p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1);
-    /* fp32 master, m and v (fp32, or bf16 with [train] optimizer_state = bf16) */
-    out->master = lay->total_numel * (4 + 2 * (int64_t)ctl_state_size(mc->job->optimizer_state));
-    /* the accumulator (fp32, or bf16 when gradients cross in bf16), and the slots unless gradients
-     * go straight into it */
-    out->grads = lay->total_numel * (plan_grads_bf16(p, mc->job) ? 2 : 4);
-    if (!plan_grads_direct(p, G, mc->job->grad_accum))
-        out->grads += (int64_t)G * p->grad_slots * lay->max_chunk_numel * 4;
-    out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
-               (int64_t)lay->num_chunks * ((int64_t)sizeof(struct chunk_desc) + 256) +
-               (int64_t)G * p->optim_procs * (int64_t)sizeof(struct ring) +
-               (int64_t)p->optim_procs * p->optim_threads *
-                   (int64_t)ctl_staging_lane_bytes(ctl_state_size(mc->job->optimizer_state)) +
-               ((int64_t)1 << 20);
-    out->workers = mc->job->device == DEVICE_CPU ? G * gpu_bytes : 0;
+    /* the four shared objects, sized by the very function slidedp-launch allocates them with */
+    struct ctl_shape shape;
+    struct ctl_sizes sz;
+    ctl_shape_of(mc->job, mc->plan, mc->lay, &shape);
+    if (ctl_compute_sizes(&shape, &sz) != 0) {
+        out->total = INT64_MAX; /* a shape the launcher refuses: no host holds it */
+        return;
+    }
+    out->params16 = (int64_t)sz.params16_bytes;
+    out->master = (int64_t)sz.master_bytes;
+    out->grads = (int64_t)sz.grads_bytes;
+    out->ctl = (int64_t)sz.ctl_bytes;
+    out->workers = mc->job->device == DEVICE_CPU ? mc->job->gpus * gpu_bytes : 0;
     out->total = out->params16 + out->master + out->grads + out->ctl + out->workers;
 }
 
 /* ---- the pipeline, event by event ---- */
-
-struct centry {
-    int chunk; /* -1 empty */
-    int step;  /* the version held */
-    bool held;
-    uint64_t last_use;
-    double ready; /* its fill lands */
-};
 
 /* Simulated micro-steps per step; more are extrapolated from the last simulated one. */
 #define SIM_MICRO 4
@@ -318,9 +304,8 @@ struct sim {
     double *offload_out;           /* offloaded layer inputs out, during the forward */
     double *reduce, *update;       /* optimizer: one rank's gradient; the AdamW update */
     /* state */
-    struct centry *cache;
-    int ncache;
-    uint64_t clock;
+    struct chunk_cache cache; /* the worker's, version = step (worker/chunk_cache.h) */
+    double *ready;            /* per cache entry: its fill lands */
     int step;
     bool backward;
     double host, comp, h2d, d2h;
@@ -336,29 +321,6 @@ struct sim {
     double h2d_busy, h2d_bytes;
 };
 
-static struct centry *cache_find(struct sim *s, int c)
-{
-    for (int i = 0; i < s->ncache; i++)
-        if (s->cache[i].chunk == c && s->cache[i].step == s->step)
-            return &s->cache[i];
-    return NULL;
-}
-
-static struct centry *cache_victim(struct sim *s)
-{
-    struct centry *best = NULL;
-    for (int i = 0; i < s->ncache; i++) {
-        struct centry *e = &s->cache[i];
-        if (e->held)
-            continue;
-        if (e->chunk < 0)
-            return e;
-        if (!best || e->last_use < best->last_use)
-            best = e;
-    }
-    return best;
-}
-
 /* The worker sleeps on a futex until t. */
 static void wait_until(struct sim *s, double t)
 {
@@ -366,57 +328,47 @@ static void wait_until(struct sim *s, double t)
         s->host = t + s->wake;
 }
 
-static void fill(struct sim *s, struct centry *e, int c)
+static void fill(struct sim *s, int i, int c)
 {
     double dur = s->backward ? s->fetch_bwd[c] : s->fetch_fwd[c];
     s->h2d_bytes += s->backward ? s->bytes_bwd[c] : s->bytes_fwd[c];
-    e->chunk = c;
-    e->step = s->step;
+    chunk_cache_fill(&s->cache, i, c, (uint32_t)s->step);
     if (s->cpu) /* a synchronous conversion on the worker's thread */
-        s->host = s->comp = e->ready = fmax(s->host, s->comp) + dur;
+        s->host = s->comp = s->ready[i] = fmax(s->host, s->comp) + dur;
     else if (s->sharded) /* staged and gathered from the host thread, which waits for everything */
-        s->host = s->comp = s->h2d = e->ready = fmax(fmax(s->host, s->h2d), s->comp) + dur;
+        s->host = s->comp = s->h2d = s->ready[i] = fmax(fmax(s->host, s->h2d), s->comp) + dur;
     else /* the copy engine, after all compute queued so far (it may read the buffer) */
-        s->h2d = e->ready = fmax(fmax(s->host, s->h2d), s->comp) + dur;
+        s->h2d = s->ready[i] = fmax(fmax(s->host, s->h2d), s->comp) + dur;
     s->h2d_busy += dur;
 }
 
-/* worker/pipeline.c io_weights: hit, or wait for the version and fill a victim; then prefetch
- * next when its version is out and a buffer is free. */
-static struct centry *weights(struct sim *s, int c, int next)
+/* worker/pipeline_cache.c io_weights: hit, or wait for the version and fill a victim; then
+ * prefetch next when its version is out and a buffer is free. Returns when chunk c's weights are
+ * on the device. */
+static double weights(struct sim *s, int c, int next)
 {
-    struct centry *e = cache_find(s, c);
-    if (!e) {
+    uint32_t v = (uint32_t)s->step;
+    int i = chunk_cache_find(&s->cache, c, v);
+    if (i < 0) {
         wait_until(s, s->version_at[c]);
-        e = cache_victim(s);
-        SD_ASSERT(e);
-        fill(s, e, c);
+        i = chunk_cache_victim(&s->cache);
+        SD_ASSERT(i >= 0);
+        fill(s, i, c);
     }
-    e->held = true;
-    e->last_use = ++s->clock;
-    if (next >= 0 && !cache_find(s, next) && s->version_at[next] <= s->host) {
-        struct centry *v = cache_victim(s);
-        if (v)
-            fill(s, v, next);
+    chunk_cache_hold(&s->cache, i);
+    if (next >= 0 && chunk_cache_find(&s->cache, next, v) < 0 && s->version_at[next] <= s->host) {
+        int victim = chunk_cache_victim(&s->cache);
+        if (victim >= 0)
+            fill(s, victim, next);
     }
-    return e;
+    return s->ready[i];
 }
 
-static void release(struct sim *s, int c)
+/* Compute once the weights are there (`ready`, 0 for none), queued after `after` (a gradient
+ * buffer's last copy). */
+static void compute(struct sim *s, double ready, double after, double dur)
 {
-    for (int i = 0; i < s->ncache; i++)
-        if (s->cache[i].chunk == c)
-            s->cache[i].held = false;
-}
-
-/* Compute on the weights in e1 (and e2), queued after `after` (a gradient buffer's last copy). */
-static void compute(struct sim *s, struct centry *e1, struct centry *e2, double after, double dur)
-{
-    double t = fmax(fmax(s->comp, s->host), after);
-    if (e1)
-        t = fmax(t, e1->ready);
-    if (e2)
-        t = fmax(t, e2->ready);
+    double t = fmax(fmax(fmax(s->comp, s->host), after), ready);
     s->comp = t + dur;
     if (s->cpu)
         s->host = s->comp;
@@ -453,7 +405,7 @@ static void take_updates(struct sim *s, int k, double until)
         }
 }
 
-/* worker/pipeline.c io_grads_done and its poster thread: the worker waits for a free slot and
+/* worker/pipeline_poster.c io_grads_done and its poster thread: the worker waits for a free slot and
  * queues the copy behind the compute; the poster posts the descriptor once the copy has landed;
  * the owner adds the G ranks' gradients in rank order and frees the slots (we follow the last
  * rank, whose slot frees last). With on-device accumulation only the last micro-step sends; with
@@ -468,7 +420,7 @@ static void grads_done(struct sim *s, int c, int buf, bool last_micro)
     if (s->cpu) {
         dur += s->exchange[c];
     } else if (s->exchange[c] > 0) {
-        /* the exchange is synchronised from the host (worker/pipeline.c): compute waits for it */
+        /* the exchange is synchronised from the host (worker/pipeline_exchange.c): compute waits for it */
         s->host = s->comp = fmax(s->host, s->comp) + s->exchange[c];
     }
     int si = s->next_slot;
@@ -505,36 +457,37 @@ static void micro_step(struct sim *s, bool first_micro, bool last_micro)
 {
     int hc = s->hc;
     s->backward = false;
-    struct centry *e = weights(s, 0, 1 < hc ? 1 : hc);
+    double w = weights(s, 0, 1 < hc ? 1 : hc);
     /* the embedding's gradient buffer (index 2) is zeroed after its last copy out */
-    compute(s, e, NULL, first_micro || !s->on_device ? s->buf_free[2] : 0, s->fwd[0]);
+    compute(s, w, first_micro || !s->on_device ? s->buf_free[2] : 0, s->fwd[0]);
     if (!s->tied)
-        release(s, 0);
+        chunk_cache_release(&s->cache, 0);
     for (int c = 1; c < hc; c++) {
-        e = weights(s, c, c + 1);
-        compute(s, e, NULL, 0, s->fwd[c]);
+        w = weights(s, c, c + 1);
+        compute(s, w, 0, s->fwd[c]);
         if (s->offload_out[c] > 0) /* the inputs go out on the D2H engine behind the compute */
             s->d2h = fmax(s->d2h, s->comp) + s->offload_out[c];
-        release(s, c);
+        chunk_cache_release(&s->cache, c);
     }
-    e = weights(s, hc, hc - 1);
-    struct centry *e0 = s->tied ? weights(s, 0, -1) : NULL;
+    w = weights(s, hc, hc - 1);
+    if (s->tied) /* the LM head reads the embedding's weights too */
+        w = fmax(w, weights(s, 0, -1));
     int b = take_buf(s, hc, first_micro);
-    compute(s, e, e0, buf_ready(s, b), s->fwd[hc]);
+    compute(s, w, buf_ready(s, b), s->fwd[hc]);
     if (s->tied)
-        release(s, 0);
+        chunk_cache_release(&s->cache, 0);
     s->host = fmax(s->host, s->comp); /* the loss rows come back synchronously */
     s->backward = true;
     grads_done(s, hc, b, last_micro);
-    release(s, hc);
+    chunk_cache_release(&s->cache, hc);
     for (int c = hc - 1; c >= 1; c--) {
-        e = weights(s, c, c > 1 ? c - 1 : -1);
+        w = weights(s, c, c > 1 ? c - 1 : -1);
         b = take_buf(s, c, first_micro);
-        compute(s, e, NULL, buf_ready(s, b), s->bwd[c]);
-        release(s, c);
+        compute(s, w, buf_ready(s, b), s->bwd[c]);
+        chunk_cache_release(&s->cache, c);
         grads_done(s, c, b, last_micro);
     }
-    compute(s, NULL, NULL, 0, s->bwd[0]);
+    compute(s, 0, 0, s->bwd[0]);
     grads_done(s, 0, 2, last_micro);
 }
 
@@ -625,9 +578,8 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         .direct = plan_grads_direct(p, G, A),
         .shard_acc = gpu_grads,
         .sharded = p->param_route == PARAMS_SHARDED && G > 1,
-        /* gradients sent to the host per step: every micro-step's, or once when the micro-steps are
-         * summed on the device (on-device accumulation, or the GPU-side route's shard accumulators) */
-        .sends = p->accumulate_on_device || gpu_grads ? 1 : A,
+        /* gradients sent to the host per step: every micro-step's, or one */
+        .sends = plan_one_post_per_rank(p, G) ? 1 : A,
         .bf16_grads = bf16_grads,
         .sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
         /* m and v in bf16: 8 bytes less. The update is priced as bound by host memory (the
@@ -641,13 +593,14 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         .K = p->optim_procs,
         .S = p->grad_slots,
         .wake = mc->cal->host.wake_s,
-        .ncache = p->chunk_buffers,
+        .cache = {.size = p->chunk_buffers},
     };
     enum { PER_CHUNK = 14 };
     double *arrays = calloc((size_t)nc * PER_CHUNK + (size_t)s->K + (size_t)s->S + (size_t)nc + 2, sizeof(double));
-    s->cache = calloc((size_t)s->ncache, sizeof *s->cache);
+    s->cache.entries = calloc((size_t)s->cache.size, sizeof *s->cache.entries);
+    s->ready = calloc((size_t)s->cache.size, sizeof *s->ready);
     s->update_pending = calloc((size_t)nc, sizeof(bool));
-    SD_ASSERT(arrays && s->cache && s->update_pending);
+    SD_ASSERT(arrays && s->cache.entries && s->ready && s->update_pending);
     double **per_chunk[PER_CHUNK] = {&s->fwd,        &s->bwd,         &s->fetch_fwd,    &s->fetch_bwd, &s->bytes_fwd,
                                      &s->bytes_bwd,  &s->send,        &s->exchange,     &s->offload_out, &s->reduce,
                                      &s->update,     &s->version_at,  &s->next_version, &s->reduced_at};
@@ -656,14 +609,14 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
     s->opt_free = arrays + (size_t)nc * PER_CHUNK;
     s->slot_free = s->opt_free + s->K;
     s->buf_free = s->slot_free + s->S;
-    for (int i = 0; i < s->ncache; i++)
-        s->cache[i].chunk = -1;
+    chunk_cache_clear(&s->cache);
 }
 
 static void sim_free(struct sim *s)
 {
     free(s->fwd); /* the head of every chunk array */
-    free(s->cache);
+    free(s->cache.entries);
+    free(s->ready);
     free(s->update_pending);
 }
 

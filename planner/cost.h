@@ -1,8 +1,9 @@
 /* The step-time and memory model of one candidate plan: what a step costs each stream (device
  * compute, host->device weights, device->host gradients, the CPU optimizers, host memory
  * bandwidth), the step time the pipeline gives when they overlap, and the device and host memory
- * the plan needs. It mirrors worker/model.c (ops, allocations, gradient buffers), worker/pipeline.c
- * (chunk cache, gradient slots, the poster thread) and optimizer/optim.c (reduce, norm, update).
+ * the plan needs. It mirrors worker/model.c (ops, allocations, gradient buffers), worker/pipeline*.c
+ * (chunk cache, gradient slots, the poster thread, the exchange) and optimizer/optim.c (reduce,
+ * norm, update).
  * Used by the plan search. */
 #ifndef SD_PLANNER_COST_H
 #define SD_PLANNER_COST_H
@@ -46,7 +47,7 @@ struct step_pred {
     double optim_bytes; /* host bytes all optimizer processes touch per step */
 };
 
-/* Device memory per rank, bytes, as worker/pipeline.c and worker/model.c allocate it. */
+/* Device memory per rank, bytes, as worker/pipeline*.c and worker/model.c allocate it. */
 struct gpu_mem_pred {
     int64_t chunk_bufs;    /* chunk_buffers x largest chunk x weight dtype */
     int64_t grad_bufs;     /* fp32: the embedding chunk's and two for the others, plus one per
@@ -65,14 +66,16 @@ struct gpu_mem_pred {
     int64_t total;
 };
 
-/* Host memory, bytes: the shared state slidedp-launch creates (plus, on the CPU backend, the
- * workers' "device" memory). */
+/* Host memory, bytes: the shared state slidedp-launch creates, object by object as shm/ctl.c
+ * ctl_compute_sizes sizes them (plus, on the CPU backend, the workers' "device" memory). */
 struct host_mem_pred {
     int64_t params16;  /* bf16 compute copy (two copies when updating during the backward) */
-    int64_t master;    /* fp32 master, m and v: 12 B/param (8 with bf16 m and v) */
-    int64_t grads;     /* the fp32 accumulator (4 B/param), plus ranks x slots x largest chunk x 4 B
-                        * unless gradients go straight into it (plan_grads_direct) */
-    int64_t ctl;       /* tables, rings, step records, optimizer staging */
+    int64_t master;    /* fp32 master, m and v (12 B/param, 8 with bf16 m and v), the fp32 gradient
+                        * accumulator (4 B/param) unless it is in grads, the optimizers' staging */
+    int64_t grads;     /* ranks x slots x largest chunk x 4 B, or the accumulator (4 B/param, 2 in
+                        * bf16) when gradients go straight into it (plan_grads_direct); the CPU
+                        * backend's exchange windows */
+    int64_t ctl;       /* tables, rings, step records, journals */
     int64_t workers;   /* CPU backend: every worker's device memory */
     int64_t total;
 };

@@ -478,9 +478,6 @@ static int no_p2p_err(const char *key, const char *value, int a, int b)
  * through shared memory rather than a PCIe link and save nothing. */
 static int route_candidates(const struct job_config *job, const struct topology *topo, struct route_set *rs)
 {
-    if (job->grad_route == GRADS_GPU && job->accumulate_on_device == 1)
-        return sd_err("[runtime] accumulate_on_device = true cannot go with grad_route = gpu (its shard accumulators "
-                      "sum the micro-steps on the GPUs)");
     memset(rs, 0, sizeof *rs);
     int a = 0, b = 0;
     bool peers = job->gpus > 1, all_p2p = topology_all_p2p(topo, &a, &b);
@@ -609,10 +606,6 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     int L = cfg->num_layers;
     if (L > PLAN_MAX_LAYERS)
         return sd_err("model has %d layers; at most %d are supported", L, PLAN_MAX_LAYERS);
-    /* A pass holds at most two chunks at once (the tied embedding and the current one); one more
-     * buffer lets the next chunk stream in while the current one computes. */
-    if (job->chunk_buffers > 0 && job->chunk_buffers < 3)
-        return sd_err("[runtime] chunk_buffers = %d: at least 3 are needed", job->chunk_buffers);
     if (job->grad_slots >= RING_CAP)
         return sd_err("[runtime] grad_slots = %d: at most %d", job->grad_slots, RING_CAP - 1);
     if (job->optim_procs > 0) {
@@ -622,9 +615,6 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
             return sd_err("[runtime] optim_procs = %d: the model has only %d chunks to share out", job->optim_procs,
                           num_chunks);
     }
-    if (job->update_mode == UPDATE_DURING_BACKWARD && job->grad_clip > 0)
-        return sd_err("[runtime] update_mode = during_backward needs train.grad_clip = 0 (clipping needs the global "
-                      "norm before any update)");
     SD_ASSERT(topo->gpus == job->gpus);
     struct route_set routes;
     if (route_candidates(job, topo, &routes) != 0)

@@ -78,7 +78,8 @@ struct plan_info {
  * the routes are those topo (job->gpus ranks) allows: peer routes only where every pair of GPUs
  * has P2P, and never chosen automatically on the CPU backend. Fails with a message naming the
  * job.ini key when a forced choice is impossible, and with the smallest budget that would do when
- * nothing fits. Measures or reads the host's calibration. */
+ * nothing fits. Measures or reads the host's calibration. The job is as job_config_load validated
+ * it (the checks of the job alone, e.g. chunk_buffers >= 3, are there). */
 int plan_make(const struct job_config *job, const struct model_config *cfg, const struct topology *topo,
               int host_cpus, struct plan *plan);
 

@@ -173,6 +173,15 @@ static void test_bad_inputs(void **state)
         {"[model]\npath = model\n[data]\ntrain = train.bin\nthis line is junk\n", NULL, {":5:", "malformed", ""}},
         {"path = model\n", NULL, {":1:", "outside any [section]", ""}},
         {"[model]\npath = model\n[data]\ntrain = train.bin\n[train]\nbeta2 = 1.5\n", NULL, {":6:", "beta2", ""}},
+        {"[model]\npath = model\n[data]\ntrain = train.bin\n[runtime]\nchunk_buffers = 2\n", NULL,
+         {":6:", "[runtime] chunk_buffers: 2 is too few", "at least 3"}},
+        {"[model]\npath = model\n[data]\ntrain = train.bin\n[train]\ngrad_clip = 0.5\n[runtime]\n"
+         "update_mode = during_backward\n", NULL,
+         {":8:", "[runtime] update_mode: during_backward", "needs train.grad_clip = 0"}},
+        {"[model]\npath = model\n[data]\ntrain = train.bin\n[runtime]\naccumulate_on_device = true\n"
+         "grad_route = gpu\n", NULL,
+         {":6:", "[runtime] accumulate_on_device: true", "cannot go with grad_route = gpu"}},
+        {NULL, "runtime.update_mode=during_backward", {"job.ini: [runtime] update_mode", "train.grad_clip = 0", ""}},
         {NULL, "train.lr=abc", {"override", "train.lr", "'abc'"}},
         {NULL, "train.nothing=1", {"override", "unknown key", ""}},
         {NULL, "steps=5", {"override 'steps=5'", "section.key=value", ""}},

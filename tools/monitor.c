@@ -215,6 +215,37 @@ int mon_pick(const char *arg, int num_overrides, char **overrides, struct mon_ta
     return 0;
 }
 
+int mon_job_arg(const char *prog, char *arg, struct mon_job_args *a)
+{
+    if (a->job && strchr(arg, '=')) {
+        if (a->num_overrides == MON_MAX_OVERRIDES) {
+            fprintf(stderr, "%s: more than %d overrides\n", prog, MON_MAX_OVERRIDES);
+            return 2;
+        }
+        a->overrides[a->num_overrides++] = arg;
+    } else if (a->job) {
+        fprintf(stderr, "%s: more than one JOB given ('%s' and '%s')\n", prog, a->job, arg);
+        return 2;
+    } else {
+        a->job = arg;
+    }
+    return 0;
+}
+
+int mon_pick_for_main(const char *prog, struct mon_job_args *a, struct mon_target *t)
+{
+    struct mon_job_info *several;
+    int num_several;
+    int rc = mon_pick(a->job, a->num_overrides, a->overrides, t, &several, &num_several);
+    if (rc == 0)
+        return 0;
+    fprintf(stderr, "%s: %s\n", prog, sd_errmsg());
+    if (several)
+        mon_print_jobs(stderr, several, num_several);
+    free(several);
+    return rc == MON_BAD_ARG ? 2 : 1;
+}
+
 static void read_proc(const struct proc_slot *p, struct mon_proc *out)
 {
     out->pid = atomic_load_explicit(&p->pid, memory_order_relaxed);

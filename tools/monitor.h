@@ -42,6 +42,21 @@ enum { MON_ERR = -1, MON_BAD_ARG = -2 };
 int mon_pick(const char *arg, int num_overrides, char **overrides, struct mon_target *t,
              struct mon_job_info **several, int *num_several);
 
+/* The monitors' positional arguments: JOB (a name or a job.ini), then the section.key=value
+ * overrides the job was launched with. */
+#define MON_MAX_OVERRIDES 64
+struct mon_job_args {
+    const char *job; /* NULL: the only running job */
+    char *overrides[MON_MAX_OVERRIDES];
+    int num_overrides;
+};
+/* Takes one positional argument; when it is one too many, prints "prog: why" to stderr and
+ * returns 2 (the exit code), else 0. */
+int mon_job_arg(const char *prog, char *arg, struct mon_job_args *a);
+/* mon_pick for a program's main: 0 with t set; on failure prints "prog: why" (and the running jobs
+ * when several run) to stderr and returns the exit code, 2 for a bad argument, else 1. */
+int mon_pick_for_main(const char *prog, struct mon_job_args *a, struct mon_target *t);
+
 struct mon {
     struct job_shm shm;
     const struct ctl_header *h; /* mapped PROT_READ */

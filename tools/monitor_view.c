@@ -4,7 +4,11 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "common/err.h"
 
 #define BAR_CELLS 20
 #define SPARK_MAX JOB_STATS_HISTORY
@@ -219,4 +223,26 @@ void mon_render(const struct mon *m, const struct mon_snapshot *before, const st
     }
     if (o.ended)
         add(f, o.width, MON_LINE_NOTE, "the job has ended; this is its last state");
+}
+
+int mon_print_frame(const struct mon *m, int width, bool utf8)
+{
+    struct mon_snapshot *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    struct mon_frame *f = malloc(sizeof *f);
+    int rc = a && b && f ? mon_snapshot(m, a) : sd_err("out of memory");
+    if (rc == 0) {
+        /* rates need an interval */
+        nanosleep(&(struct timespec){0, 500000000L}, NULL);
+        rc = mon_snapshot(m, b);
+    }
+    if (rc == 0) {
+        struct mon_view_opts o = {.width = width, .utf8 = utf8, .ended = !mon_job_running(m)};
+        mon_render(m, a, b, &o, f);
+        for (int i = 0; i < f->n; i++)
+            printf("%s\n", f->lines[i].text);
+    }
+    free(a);
+    free(b);
+    free(f);
+    return rc;
 }

@@ -37,4 +37,8 @@ struct mon_view_opts {
 void mon_render(const struct mon *m, const struct mon_snapshot *before, const struct mon_snapshot *now,
                 const struct mon_view_opts *opts, struct mon_frame *f);
 
+/* One frame on stdout, its rates over the half second between two snapshots (slidedp-stat's text,
+ * slidedp-top --once): `width` columns, utf8 as mon_view_opts says. 0, or -1 with sd_err. */
+int mon_print_frame(const struct mon *m, int width, bool utf8);
+
 #endif

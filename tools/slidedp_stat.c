@@ -17,11 +17,9 @@
 #include "tools/monitor_view.h"
 
 #define PROG "slidedp-stat"
-#define MAX_OVERRIDES 64
 #define REQ_MAX 8192
 #define WATCH_MS 250
 #define TEXT_WIDTH 120
-#define RATE_WINDOW_NS 500000000L
 
 enum mode { MODE_TEXT, MODE_JSON, MODE_PROMETHEUS, MODE_PLOT };
 
@@ -237,28 +235,6 @@ static int serve(const struct mon *m, const char *bind_addr, int port)
 
 /* ---- one-shot outputs ---- */
 
-static int print_text(const struct mon *m)
-{
-    struct mon_snapshot *a = malloc(sizeof *a), *b = malloc(sizeof *b);
-    struct mon_frame *f = malloc(sizeof *f);
-    int rc = a && b && f ? mon_snapshot(m, a) : sd_err("out of memory");
-    if (rc == 0) {
-        /* rates need an interval */
-        nanosleep(&(struct timespec){0, RATE_WINDOW_NS}, NULL);
-        rc = mon_snapshot(m, b);
-    }
-    if (rc == 0) {
-        struct mon_view_opts o = {.width = TEXT_WIDTH, .utf8 = false, .ended = !mon_job_running(m)};
-        mon_render(m, a, b, &o, f);
-        for (int i = 0; i < f->n; i++)
-            printf("%s\n", f->lines[i].text);
-    }
-    free(a);
-    free(b);
-    free(f);
-    return rc;
-}
-
 static int print_json(const struct mon *m)
 {
     struct mon_snapshot *s = malloc(sizeof *s);
@@ -298,9 +274,8 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     enum mode mode = MODE_TEXT;
     int modes = 0, port = 0;
-    const char *job_arg = NULL, *bind_addr = NULL, *svg = NULL;
-    static char *overrides[MAX_OVERRIDES];
-    int num_overrides = 0;
+    const char *bind_addr = NULL, *svg = NULL;
+    static struct mon_job_args job_args;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -336,17 +311,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: unknown option '%s' (accepted: --json, --prometheus PORT, --bind ADDR, --plot OUT.svg)\n",
                     PROG, a);
             return 2;
-        } else if (job_arg && strchr(argv[i], '=')) {
-            if (num_overrides == MAX_OVERRIDES) {
-                fprintf(stderr, "%s: more than %d overrides\n", PROG, MAX_OVERRIDES);
-                return 2;
-            }
-            overrides[num_overrides++] = argv[i];
-        } else if (job_arg) {
-            fprintf(stderr, "%s: more than one JOB given ('%s' and '%s')\n", PROG, job_arg, a);
+        } else if (mon_job_arg(PROG, argv[i], &job_args) != 0) {
             return 2;
-        } else {
-            job_arg = a;
         }
     }
     if (modes > 1) {
@@ -359,16 +325,9 @@ int main(int argc, char **argv)
     }
 
     struct mon_target t;
-    struct mon_job_info *several;
-    int num_several;
-    int rc = mon_pick(job_arg, num_overrides, overrides, &t, &several, &num_several);
-    if (rc != 0) {
-        fprintf(stderr, "%s: %s\n", PROG, sd_errmsg());
-        if (several)
-            mon_print_jobs(stderr, several, num_several);
-        free(several);
-        return rc == MON_BAD_ARG ? 2 : 1;
-    }
+    int rc = mon_pick_for_main(PROG, &job_args, &t);
+    if (rc != 0)
+        return rc;
     if (mode == MODE_PLOT) {
         char metrics[JOB_PATH_MAX + 32], title[JOB_PATH_MAX + MON_NAME_MAX + 32];
         snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", t.log_dir);
@@ -389,7 +348,7 @@ int main(int argc, char **argv)
     if (mode == MODE_PROMETHEUS) {
         rc = serve(&m, bind_addr ? bind_addr : "127.0.0.1", port);
     } else {
-        rc = mode == MODE_JSON ? print_json(&m) : print_text(&m);
+        rc = mode == MODE_JSON ? print_json(&m) : mon_print_frame(&m, TEXT_WIDTH, false);
         if (rc != 0)
             fprintf(stderr, "%s: %s\n", PROG, sd_errmsg());
         rc = rc != 0;

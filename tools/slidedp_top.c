@@ -16,11 +16,9 @@
 #include "tools/monitor_view.h"
 
 #define PROG "slidedp-top"
-#define MAX_OVERRIDES 64
 #define FRAME_MS 250
 #define RATE_FRAMES 8 /* rates span the last two seconds */
 #define ONCE_WIDTH 120
-#define ONCE_WINDOW_NS 500000000L
 
 static int usage(FILE *f)
 {
@@ -36,28 +34,6 @@ static int terminal_width(void)
 {
     struct winsize ws;
     return isatty(1) && ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : ONCE_WIDTH;
-}
-
-static int run_once(const struct mon *m, bool utf8)
-{
-    struct mon_snapshot *a = malloc(sizeof *a), *b = malloc(sizeof *b);
-    struct mon_frame *f = malloc(sizeof *f);
-    int rc = a && b && f ? mon_snapshot(m, a) : sd_err("out of memory");
-    if (rc == 0) {
-        /* rates need an interval */
-        nanosleep(&(struct timespec){0, ONCE_WINDOW_NS}, NULL);
-        rc = mon_snapshot(m, b);
-    }
-    if (rc == 0) {
-        struct mon_view_opts o = {.width = terminal_width(), .utf8 = utf8, .ended = !mon_job_running(m)};
-        mon_render(m, a, b, &o, f);
-        for (int i = 0; i < f->n; i++)
-            printf("%s\n", f->lines[i].text);
-    }
-    free(a);
-    free(b);
-    free(f);
-    return rc;
 }
 
 static void draw(const struct mon_frame *f)
@@ -129,9 +105,7 @@ int main(int argc, char **argv)
     setlocale(LC_ALL, "");
     bool utf8 = !strcmp(nl_langinfo(CODESET), "UTF-8");
     bool once = false;
-    const char *job_arg = NULL;
-    static char *overrides[MAX_OVERRIDES];
-    int num_overrides = 0;
+    static struct mon_job_args job_args;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
             return usage(stdout);
@@ -140,17 +114,8 @@ int main(int argc, char **argv)
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "%s: unknown option '%s' (accepted: --once)\n", PROG, argv[i]);
             return 2;
-        } else if (job_arg && strchr(argv[i], '=')) {
-            if (num_overrides == MAX_OVERRIDES) {
-                fprintf(stderr, "%s: more than %d overrides\n", PROG, MAX_OVERRIDES);
-                return 2;
-            }
-            overrides[num_overrides++] = argv[i];
-        } else if (job_arg) {
-            fprintf(stderr, "%s: more than one JOB given ('%s' and '%s')\n", PROG, job_arg, argv[i]);
+        } else if (mon_job_arg(PROG, argv[i], &job_args) != 0) {
             return 2;
-        } else {
-            job_arg = argv[i];
         }
     }
     if (!once && !isatty(1)) {
@@ -158,22 +123,15 @@ int main(int argc, char **argv)
         return 2;
     }
     struct mon_target t;
-    struct mon_job_info *several;
-    int num_several;
-    int rc = mon_pick(job_arg, num_overrides, overrides, &t, &several, &num_several);
-    if (rc != 0) {
-        fprintf(stderr, "%s: %s\n", PROG, sd_errmsg());
-        if (several)
-            mon_print_jobs(stderr, several, num_several);
-        free(several);
-        return rc == MON_BAD_ARG ? 2 : 1;
-    }
+    int rc = mon_pick_for_main(PROG, &job_args, &t);
+    if (rc != 0)
+        return rc;
     struct mon m;
     if (mon_attach(&m, t.name) != 0) {
         fprintf(stderr, "%s: %s; its log.dir is %s\n", PROG, sd_errmsg(), t.log_dir);
         return 1;
     }
-    rc = once ? run_once(&m, utf8) : run_live(&m, utf8);
+    rc = once ? mon_print_frame(&m, terminal_width(), utf8) : run_live(&m, utf8);
     mon_detach(&m);
     if (rc != 0) {
         fprintf(stderr, "%s: %s\n", PROG, sd_errmsg());

@@ -1,0 +1,102 @@
+/* The worker's chunk cache (worker/pipeline_internal.h): device buffers holding (chunk, version)
+ * pairs, filled from params16 (or gathered from the peers' windows when parameters are sharded),
+ * evicted as worker/chunk_cache.h says, and the model's weights callbacks over it. */
+#include "pipeline_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/err.h"
+#include "shm/futex.h"
+
+/* Waits until version need of chunk c is readable and returns where it is (shm/ctl.h
+ * job_params16_of). Updating during the backward, a worker redoing a step after a crash may find
+ * the chunk one version further: the copy of the other parity still holds the one it needs. */
+const uint16_t *wait_version(struct worker *w, int c)
+{
+    struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    uint64_t t0 = clock_ns();
+    uint32_t prev_phase = UINT32_MAX;
+    for (;;) {
+        /* acquire: pairs with the optimizer's release store of version */
+        uint32_t v = atomic_load_explicit(&cs->version, memory_order_acquire);
+        if (v == w->need_version || (v == w->need_version + 1 && w->ctl->keep_prev))
+            break;
+        if (v > w->need_version) {
+            fprintf(stderr, "worker %d: chunk %d is at version %u, past the %u this step needs\n", w->rank, c, v,
+                    w->need_version);
+            abort();
+        }
+        if (prev_phase == UINT32_MAX)
+            prev_phase = begin_wait(w, PHASE_WAIT_WEIGHTS);
+        futex_wait(&cs->version, v, WAIT_SLICE_MS);
+        bail_if_stopped(w);
+    }
+    if (prev_phase != UINT32_MAX)
+        set_phase(w, (int)prev_phase);
+    atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
+    return job_params16_of(&w->shm, w->need_version) + ch->offset;
+}
+
+/* Copies version need_version of chunk c from the host into cache entry i's buffer. */
+static void cache_fill(struct worker *w, int i, int c, const uint16_t *src)
+{
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    w->be.ops->fetch_weights_async(&w->be, i, w->cache_dev[i], src, (size_t)ch->numel);
+    atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)ch->numel * 2, memory_order_relaxed);
+}
+
+/* Brings chunk c at the pass's version into cache entry i. */
+static void fetch_chunk(struct worker *w, int i, int c)
+{
+    bool gathered = false;
+    if (w->sharded_params) {
+        uint64_t key = xchg_param_key(w->ctl, w->need_version, c);
+        if (key > w->next_param_key) {
+            fprintf(stderr, "worker %d: chunk %d version %u read before chunks the exchange expects first\n",
+                    w->rank, c, w->need_version);
+            abort();
+        }
+        if (key == w->next_param_key) {
+            gather_chunk(w, w->cache_dev[i], c, key);
+            w->next_param_key++;
+            gathered = true;
+        }
+        /* else read again later in the pass (the cache could not keep it): straight from the host */
+    }
+    if (!gathered)
+        cache_fill(w, i, c, wait_version(w, c));
+    chunk_cache_fill(&w->cache, i, c, w->need_version);
+}
+
+const void *io_weights(void *ctx, int c, int next)
+{
+    struct worker *w = ctx;
+    atomic_store_explicit(&w->slot->chunk, c, memory_order_relaxed);
+    atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
+    int i = chunk_cache_find(&w->cache, c, w->need_version);
+    if (i < 0) {
+        i = chunk_cache_victim(&w->cache);
+        SD_ASSERT(i >= 0); /* the plan gives at least one buffer more than a pass holds at once */
+        fetch_chunk(w, i, c);
+    }
+    chunk_cache_hold(&w->cache, i);
+    w->be.ops->wait_weights(&w->be, i);
+    /* Prefetch the next chunk when its version is already published and a buffer is free. */
+    if (next >= 0 && !w->recovering && chunk_cache_find(&w->cache, next, w->need_version) < 0) {
+        struct chunk_state *cs = ctl_chunk_state(w->ctl, next);
+        if (atomic_load_explicit(&cs->version, memory_order_acquire) == w->need_version) {
+            int v = chunk_cache_victim(&w->cache);
+            if (v >= 0)
+                fetch_chunk(w, v, next);
+        }
+    }
+    return w->cache_dev[i];
+}
+
+void io_release(void *ctx, int c)
+{
+    struct worker *w = ctx;
+    chunk_cache_release(&w->cache, c);
+}
