@@ -1,5 +1,5 @@
 /* bf16 and fp16 <-> fp32 conversions (round to nearest even, NaN kept quiet), used by the loader,
- * the exporter, the CPU backend and the optimizer's scalar path. */
+ * the exporter, the CPU and CUDA backends and the optimizer's scalar path. */
 #ifndef SD_BF16_H
 #define SD_BF16_H
 
@@ -16,7 +16,15 @@ static inline float bf16_to_f32(uint16_t h)
     return f;
 }
 
-static inline uint16_t f32_to_bf16(float f)
+/* f32_to_bf16 is also the CUDA backend's rounding of streamed master weights (worker/cuda), so the
+ * device gets the bits the optimizers' bf16 copy would hold: one definition for both. */
+#ifdef __CUDACC__
+#define BF16_HOST_DEVICE __host__ __device__
+#else
+#define BF16_HOST_DEVICE
+#endif
+
+static inline BF16_HOST_DEVICE uint16_t f32_to_bf16(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);

@@ -76,6 +76,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "grad_route", K_ENUM, OFF(grad_route), 0, 0, "auto|cpu|gpu", 0},
     {"runtime", "update_mode", K_ENUM, OFF(update_mode), 0, 0, "auto|after_backward|during_backward", 0},
     {"runtime", "accumulate_on_device", K_ENUM, OFF(accumulate_on_device), 0, 0, "auto|false|true", -1},
+    {"runtime", "weights_source", K_ENUM, OFF(weights_source), 0, 0, "auto|bf16_copy|master", 0},
     {"runtime", "grad_dtype", K_ENUM, OFF(grad_dtype), 0, 0, "fp32|bf16", 0},
     {"runtime", "topology", K_PATH, OFF(topology), 0, 0, NULL, 0},
     {"runtime", "deterministic", K_BOOL, OFF(deterministic), 0, 0, NULL, 0},

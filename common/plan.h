@@ -33,6 +33,7 @@ struct plan {
     int grad_route;         /* enum grad_route, never AUTO here */
     int logits_rows;        /* rows per cross-entropy chunk */
     int accumulate_on_device; /* micro-steps sum their gradients on the GPU; each rank sends once per step */
+    int weights_source;     /* enum weights_source, never AUTO here */
     uint8_t keep_acts[PLAN_MAX_LAYERS]; /* per layer: 1 keep, 0 recompute from the layer input */
     /* predictions (seconds per step, bytes); the choices above identify a job's state
      * (launcher/state.c job_hash), these do not */
@@ -53,6 +54,20 @@ static inline int plan_logits_rows_for(int64_t N, int64_t row_bytes, int64_t mib
 {
     int64_t rows = (mib << 20) / row_bytes;
     return (int)(rows < 1 ? 1 : rows > N ? N : rows);
+}
+
+/* Whether workers stream the fp32 master (and round it to bf16 on the device) instead of a bf16
+ * copy: then there is no params16 object and the optimizers write no copy. */
+static inline bool plan_streams_master(const struct plan *p)
+{
+    return p->weights_source == WEIGHTS_MASTER;
+}
+
+/* The bf16 copies of the weights params16 holds: none when workers stream the master, two (versions
+ * by parity) when updating during the backward, else one. */
+static inline int plan_params16_copies(const struct plan *p)
+{
+    return plan_streams_master(p) ? 0 : p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1;
 }
 
 /* Whether the workers exchange shards through each other's device memory (docs/design.md §7). */

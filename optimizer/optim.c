@@ -160,7 +160,7 @@ static void journal_apply(struct optim *o, struct lane *l)
         memcpy(o->shm.grad_acc + off, l->stage_p, n * sizeof(float));
     else
         adamw_store_staged(o->shm.master + off, o->m_bytes + off * o->state_size, o->v_bytes + off * o->state_size,
-                           job_params16_of(&o->shm, j->step) + off, l->stage_p, l->stage_m, l->stage_v,
+                           o->shm.params16 ? job_params16_of(&o->shm, j->step) + off : NULL, l->stage_p, l->stage_m, l->stage_v,
                            l->stage_p16, n, o->state_size);
 }
 
@@ -386,7 +386,8 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
         cs->sumsq[s & 1] = total;
     }
     fault_point("optim_updated");
-    /* release: pairs with the workers' acquire load of version before they read params16, and
+    /* release: pairs with the workers' acquire load of version before they read params16 (or the
+     * master, docs/design.md §4.5), and
      * (norm_in_update) with global_norm's before it reads the sumsq */
     atomic_store_explicit(&cs->version, s, memory_order_release);
     futex_wake_all(&cs->version);

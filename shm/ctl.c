@@ -34,8 +34,9 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
 }
 
 int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threads, int grad_slots, int num_tensors,
-                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes, struct ctl_sizes *out)
+                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, int params16_copies,
+                      bool grads_direct, bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes,
+                      struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
     if (gpus < 1 || grad_accum < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
@@ -60,7 +61,7 @@ int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threa
     uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * ctl_staging_lane_bytes(state_size);
     /* master (fp32), m and v, and the fp32 accumulator unless it heads the grads region */
     uint64_t master_per_param = 4 + 2 * state_size + (grads_direct ? 0 : 4);
-    ok = ok && mul_ok((uint64_t)total_numel, keep_prev ? 4 : 2, &out->params16_bytes) &&
+    ok = ok && mul_ok((uint64_t)total_numel, 2 * (uint64_t)params16_copies, &out->params16_bytes) &&
          mul_ok((uint64_t)total_numel, master_per_param, &out->master_bytes) &&
          add_ok(&out->master_bytes, staging) &&
          (grads_direct ? (grads_elems = (uint64_t)total_numel, true)
@@ -198,10 +199,14 @@ int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *nam
     struct ctl_sizes sz;
     bool ok = h->gpus >= 1 && h->gpus <= JOB_MAX_GPUS && h->gpus == h->job.gpus && h->num_chunks >= 1 &&
               h->num_tensors >= h->num_chunks && h->total_numel >= h->max_chunk_numel && h->max_chunk_numel >= 1 &&
+              (h->plan.weights_source == WEIGHTS_BF16_COPY ||
+               (h->plan.weights_source == WEIGHTS_MASTER && h->plan.update_mode == UPDATE_AFTER_BACKWARD)) &&
+              h->keep_prev == (plan_params16_copies(&h->plan) == 2) &&
               h->optim_procs == h->plan.optim_procs && h->ckpt_every == (uint32_t)h->job.ckpt_every &&
               ctl_compute_sizes(h->gpus, h->job.grad_accum, h->optim_procs, h->plan.optim_threads, h->grad_slots,
-                                h->num_tensors, h->num_chunks, h->total_numel, h->max_chunk_numel, h->keep_prev,
-                                h->grads_direct, h->grads_bf16, h->job.optimizer_state, h->window_shm_bytes, &sz) == 0;
+                                h->num_tensors, h->num_chunks, h->total_numel, h->max_chunk_numel,
+                                plan_params16_copies(&h->plan), h->grads_direct, h->grads_bf16, h->job.optimizer_state,
+                                h->window_shm_bytes, &sz) == 0;
     ok = ok && h->off_tensors == sz.off_tensors && h->off_chunks == sz.off_chunks &&
          h->off_chunk_state == sz.off_chunk_state && h->off_rings == sz.off_rings && h->off_slots == sz.off_slots &&
          h->off_doorbells == sz.off_doorbells && h->off_procs == sz.off_procs && h->off_steps == sz.off_steps &&
@@ -244,7 +249,15 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
     s->ctl = regs[0].base;
     if (ctl_validate(s->ctl, regs[0].size, name) != 0)
         goto fail;
-    if (what & (JOB_MAP_PARAMS_RO | JOB_MAP_PARAMS_RW)) {
+    bool copy = !plan_streams_master(&s->ctl->plan);
+    if ((what & JOB_MAP_PARAMS_RO) && !copy && !(what & JOB_MAP_MASTER)) {
+        /* the weights workers read are the master at the head of its object: only those are mapped */
+        ctl_region_name(job_name, "master", name, sizeof name);
+        size_t weights = (size_t)s->ctl->total_numel * sizeof(float);
+        if (shm_region_attach_head(&regs[2], name, s->ctl->master_bytes, weights) != 0)
+            goto fail;
+        s->master = regs[2].base;
+    } else if (copy && (what & (JOB_MAP_PARAMS_RO | JOB_MAP_PARAMS_RW))) {
         if (attach_sized(regs, 1, job_name, "params16", (what & JOB_MAP_PARAMS_RW) != 0, s->ctl->params16_bytes) != 0)
             goto fail;
         s->params16 = regs[1].base;

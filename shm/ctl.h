@@ -21,7 +21,7 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 6
+#define CTL_VERSION 7
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -76,7 +76,8 @@ struct proc_slot {
                                    * at spawn: with --job, what identifies an orphan to kill */
     /* monotonically increasing counters for monitors */
     _Atomic uint64_t bytes_in;   /* weights fetched (workers), gradient bytes reduced (optimizers) */
-    _Atomic uint64_t bytes_out;  /* gradients sent (workers), bf16 bytes published (optimizers) */
+    _Atomic uint64_t bytes_out;  /* gradients sent (workers); optimizers: 2 per parameter updated
+                                  * (the bf16 copy's bytes, counted also when there is none) */
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t wait_ns;
     _Atomic uint64_t items;      /* micro-steps (workers), chunk updates (optimizers) */
@@ -278,7 +279,8 @@ struct ctl_sizes {
         off_journals, off_xchg, off_losses;
     uint64_t ctl_bytes, params16_bytes, master_bytes, grads_bytes;
 };
-/* keep_prev: params16 gets a second copy (versions by parity) for updates during the backward. grads_direct: the
+/* params16_copies: the bf16 copies params16 holds (plan_params16_copies: 0 when workers stream the master, 2 for
+ * updates during the backward, versions by parity). grads_direct: the
  * gradient accumulator moves from the master region to the head of the grads region, in place of
  * the slots; grads_bf16: it holds bf16. state: the dtype of Adam's m and v. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
  * 0 for none. */
@@ -288,8 +290,9 @@ struct ctl_sizes {
 void ctl_repair_slots(struct ctl_header *h, int rank);
 
 int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threads, int grad_slots, int num_tensors,
-                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes, struct ctl_sizes *out);
+                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, int params16_copies,
+                      bool grads_direct, bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes,
+                      struct ctl_sizes *out);
 
 /* One rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk in fp32 (GPU-side
  * gradients), then XCHG_SLOTS parameter-shard slots of weight_size-byte elements (sharded
@@ -406,6 +409,9 @@ struct job_shm {
     void *regions[4];                                /* internal: struct shm_region per object */
 };
 
+/* JOB_MAP_PARAMS_RO: the weights workers read: params16, or when they stream the master
+ * (plan_streams_master) the master weights alone, read-only (s->master). JOB_MAP_PARAMS_RW: params16
+ * (the optimizers; nothing when there is no copy). */
 enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MASTER = 8, JOB_MAP_GRADS = 16 };
 /* Whether a ctl header describes itself consistently: magic and version, then every table offset
  * and size as ctl_compute_sizes places them for the header's job shape, within the ctl object's

@@ -38,7 +38,7 @@ static void make_state(void)
 {
     remove_objects();
     struct ctl_sizes sz;
-    assert_int_equal(ctl_compute_sizes(2, 3, 1, 2, 4, 5, 2, 4096, 2048, false, false, false, OPTIM_STATE_FP32, 0, &sz), 0);
+    assert_int_equal(ctl_compute_sizes(2, 3, 1, 2, 4, 5, 2, 4096, 2048, 1, false, false, OPTIM_STATE_FP32, 0, &sz), 0);
     uint64_t bytes[4] = {sz.ctl_bytes, sz.params16_bytes, sz.master_bytes, sz.grads_bytes};
     struct shm_region r[4];
     for (int i = 0; i < 4; i++) {
@@ -55,6 +55,8 @@ static void make_state(void)
     h->job.grad_accum = 3;
     h->optim_procs = h->plan.optim_procs = 1;
     h->plan.optim_threads = 2;
+    h->plan.weights_source = WEIGHTS_BF16_COPY;
+    h->plan.update_mode = UPDATE_AFTER_BACKWARD;
     h->grad_slots = 4;
     h->num_tensors = 5;
     h->num_chunks = 2;
