@@ -4,7 +4,8 @@
  * and bf16 optimizer state, on one and two ranks and with the exchange routes; while such a job
  * runs there is no params16 object and each worker maps only the master weights, read-only; workers
  * and optimizers killed at named points of the protocol, with chunks evicted and fetched again in
- * the backward, end bit-identical to the uninterrupted run. */
+ * the backward, end bit-identical to the uninterrupted run; and a checkpoint written with the copy
+ * resumes streaming the master. */
 #include "tests/testutil.h"
 #include "tests/jobrun.h"
 
@@ -127,6 +128,37 @@ static void test_crash_points_master(void **state)
     }
 }
 
+/* The state does not depend on the source: a job stopped (SIGTERM, checkpoint) while reading the
+ * bf16 copy resumes streaming the master and ends like the uninterrupted run. */
+static void test_resume_across_sources(void **state)
+{
+    struct variant v = {"resume", "", false, 2, 2, NULL, NULL, "bf16_copy"};
+    write_job_as(&v, "resume-ref", STEPS, "");
+    assert_int_equal(run_job("resume-ref", NULL), 0);
+    write_job_as(&v, "resume", STEPS, "");
+    pid_t pid = start_launcher("resume", "worker_loss_saved:13:stop:r0"); /* in step 7 */
+    int held = wait_proc_stopped(pid, "resume", PROC_WORKER, 0);
+    kill(pid, SIGTERM);
+    wait_stop_requested(pid, "resume");
+    kill(held, SIGCONT);
+    int rc = wait_exit(pid, "resume");
+    if (rc != 130)
+        show_log("resume");
+    assert_int_equal(rc, 130);
+    char ini[1300], *text = NULL;
+    job_path("resume", "job.ini", ini, sizeof ini);
+    text = tu_read_file(ini, NULL);
+    char *at = strstr(text, "weights_source = bf16_copy");
+    assert_non_null(at);
+    char changed[8192];
+    snprintf(changed, sizeof changed, "%.*sweights_source = master%s", (int)(at - text), text,
+             at + strlen("weights_source = bf16_copy"));
+    tu_write_file(ini, changed);
+    free(text);
+    assert_finishes_like(start_launcher("resume", NULL), "resume", "resume-ref");
+    printf("# stopped reading the bf16 copy, resumed streaming the master: the same weights and metrics\n");
+}
+
 int main(void)
 {
     tu_seed("weights_source", 0); /* nothing random: the kills are at named points */
@@ -135,6 +167,7 @@ int main(void)
         cmocka_unit_test(test_master_same_as_copy),
         cmocka_unit_test(test_master_mapping),
         cmocka_unit_test(test_crash_points_master),
+        cmocka_unit_test(test_resume_across_sources),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmrf(jobs_dir); /* on failure too: the logs that matter were shown */
