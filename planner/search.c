@@ -641,23 +641,20 @@ static int choose_source(const struct source_search *per, int n, const struct jo
                  copy->S.best_host.total / GiB, copy->S.host_avail / GiB, master->S.best_host.total / GiB);
         return 1;
     }
-    if (!copy->host_fits && !master->host_fits) {
-        snprintf(why, len, "neither fits host memory; the master needs %.2f GiB less", saved);
-        return 1;
-    }
     if (copy->host_fits && !master->host_fits) {
         snprintf(why, len, "only the bf16 copy's plan fits host memory");
         return 0;
     }
+    /* both fit, or neither (then both are planned for the GPUs alone, as if the host had the memory) */
+    const char *fit =
+        copy->host_fits ? "both fit host memory" : "neither fits this host's memory (planned for the GPUs alone)";
     if (tc < tm * 0.998) {
-        snprintf(why, len, "the bf16 copy fits host memory and is faster: %.4f s against %.4f s streaming the master",
-                 tc, tm);
+        snprintf(why, len, "%s: the bf16 copy is faster, %.4f s against %.4f s streaming the master", fit, tc, tm);
         return 0;
     }
-    snprintf(why, len,
-             "streaming the master is not slower (%.4f s against %.4f s with the bf16 copy) and takes %.2f GiB less "
-             "host memory",
-             tm, tc, saved);
+    snprintf(why, len, "%s: streaming the master is not slower (%.4f s against %.4f s with the bf16 copy) and takes "
+                       "%.2f GiB less host memory",
+             fit, tm, tc, saved);
     return 1;
 }
 

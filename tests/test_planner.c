@@ -450,6 +450,16 @@ static void test_host_bytes_per_param_qwen3_8b(void **state)
     }
 }
 
+/* A host from a description file in examples/, for `ranks` ranks. */
+static struct topology host_of(const char *example, int ranks)
+{
+    struct topology host, t;
+    if (topology_load(tu_src(example), &host) != 0)
+        fail_msg("%s", sd_errmsg());
+    topology_for_ranks(&host, ranks, &t);
+    return t;
+}
+
 /* The weights source: on a host with memory to spare and an optimizer far faster than the link,
  * streaming the master doubles the bytes that bound the step, so the copy is taken as faster; when
  * the copy does not fit the host's memory, the master is; job.ini's choice is honoured, and master
@@ -473,6 +483,38 @@ static void test_weights_source(void **state)
     assert_non_null(strstr(info.source_reason, "faster"));
     int64_t copy_host = info.sources[0].host_bytes, master_host = info.sources[1].host_bytes;
     assert_true(info.host.params16 > 0 && copy_host - master_host == info.host.params16);
+
+    /* where the optimizers bound the step, the master is not slower (and saves the copy); with
+     * eight GPUs on the same host each pulls the master over its link, so the transfers' share of
+     * host memory traffic grows by eight times 2 bytes per parameter while the copy costs the
+     * optimizers 2 bytes once: the master's lead shrinks */
+    struct calib slow_host = test_calib();
+    struct job_config shared = job_of(DEVICE_CUDA, 1, 4, 1024, 1);
+    shared.weights_source = WEIGHTS_AUTO;
+    double lead[2];
+    for (int i = 0; i < 2; i++) {
+        shared.gpus = i ? 8 : 1;
+        assert_int_equal(plan_no_p2p(&shared, &cfg, &slow_host, &p, &info), 0);
+        lead[i] = info.sources[0].step_s / info.sources[1].step_s;
+        printf("# %d GPU(s), slow host memory: %s, the copy's step %.3fx the master's (%s)\n", shared.gpus,
+               plan_weights_source_name(p.weights_source), lead[i], info.source_reason);
+        assert_int_equal(p.weights_source, WEIGHTS_MASTER);
+    }
+    assert_true(lead[1] < lead[0]);
+    /* the Qwen3-14B shape on four 80 GiB GPUs with P2P (8 micro-steps of one sequence) on a host
+     * whose memory and optimizers keep up: the links bound the step, so the copy's half of their
+     * bytes is faster, and the planner says so */
+    struct model_config q14;
+    assert_int_equal(model_config_load(tu_src("examples/qwen3-14b/config.json"), &q14), 0);
+    struct topology p2p = host_of("examples/topology-4gpu-p2p.ini", 4);
+    struct job_config four = job_of(DEVICE_CUDA, 4, 1, 4096, 8);
+    four.weights_source = WEIGHTS_AUTO;
+    four.gpu_mem = (int64_t)80 << 30;
+    struct calib big_host = cal; /* the fast host above */
+    assert_int_equal(plan_choose(&four, &q14, &big_host, &p2p, 8, &p, &info), 0);
+    printf("# 14B, 4 x 80 GiB with P2P: %s (%s)\n", plan_weights_source_name(p.weights_source), info.source_reason);
+    assert_int_equal(p.weights_source, WEIGHTS_BF16_COPY);
+    assert_non_null(strstr(info.source_reason, "the bf16 copy is faster"));
 
     /* a host between the two: only the master fits */
     cal.mem_available = (master_host + copy_host) / 2;
@@ -701,15 +743,6 @@ static void test_bottleneck(void **state)
     assert_true(p.predicted_step_s >= p.predicted_compute_s && p.predicted_step_s < 1.5 * p.predicted_compute_s);
 }
 
-/* A host from a description file in examples/, for `ranks` ranks. */
-static struct topology host_of(const char *example, int ranks)
-{
-    struct topology host, t;
-    if (topology_load(tu_src(example), &host) != 0)
-        fail_msg("%s", sd_errmsg());
-    topology_for_ranks(&host, ranks, &t);
-    return t;
-}
 
 static const char *routes_name(int param_route, int grad_route)
 {
