@@ -112,7 +112,7 @@ static void test_master_mapping(void **state)
  * four chunks (the backward fetches chunks again): a worker dying right after pushing a gradient
  * (the optimizers may then update the chunks it still reads from), while filling a gradient slot,
  * after a loss is saved, and optimizers dying between journaling an update block and applying it,
- * after a chunk's update and mid-reduction. */
+ * after a chunk's update and mid-reduction; then the launcher, whose relaunch adopts the state. */
 static void test_crash_points_master(void **state)
 {
     static const struct variant v = {"master-cb3", "chunk_buffers = 3\n", false, 2, 2, NULL, NULL, "master"};
@@ -126,6 +126,20 @@ static void test_crash_points_master(void **state)
         snprintf(name, sizeof name, "point-master-%zu", i);
         assert_crash_finishes_like(&v, name, 12, points[i], "ref-master");
     }
+    /* the launcher killed after logging step 5: the relaunch adopts the state (no params16 object
+     * to find) and finishes like the uninterrupted run */
+    write_job_as(&v, "launcher-master", 12, "");
+    assert_int_equal(run_job("launcher-master", "launcher_logged:5"), 128 + SIGKILL);
+    int rc = run_job("launcher-master", NULL);
+    if (rc != 0)
+        show_log("launcher-master");
+    assert_int_equal(rc, 0);
+    char *log = tu_read_job_file(jobs_dir, "launcher-master", "launcher.log", NULL);
+    printf("# launcher killed after logging step 5, relaunched: %s\n",
+           strstr(log, "adopt") ? "adopted the state" : "(no adoption in its log)");
+    assert_non_null(strstr(log, "adopt"));
+    free(log);
+    assert_same_weights("launcher-master", "ref-master");
 }
 
 /* The state does not depend on the source: a job stopped (SIGTERM, checkpoint) while reading the
