@@ -63,17 +63,25 @@ static inline bool plan_streams_master(const struct plan *p)
     return p->weights_source == WEIGHTS_MASTER;
 }
 
-/* The bf16 copies of the weights params16 holds: none when workers stream the master, two (versions
- * by parity) when updating during the backward, else one. */
-static inline int plan_params16_copies(const struct plan *p)
-{
-    return plan_streams_master(p) ? 0 : p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1;
-}
-
 /* Whether the workers exchange shards through each other's device memory (docs/design.md §7). */
 static inline bool plan_uses_exchange(const struct plan *p, int gpus)
 {
     return gpus > 1 && (p->param_route == PARAMS_SHARDED || p->grad_route == GRADS_GPU);
+}
+
+/* Whether params16 keeps each chunk's previous version beside the new one (two copies, versions by
+ * parity): updating during the backward, a worker redoing a step after a crash still finds the
+ * version it reads (docs/design.md §6.3). */
+static inline bool plan_keep_prev(const struct plan *p)
+{
+    return p->update_mode == UPDATE_DURING_BACKWARD;
+}
+
+/* The bf16 copies of the weights params16 holds: none when workers stream the master (whose plans
+ * never keep the previous version), two with plan_keep_prev, else one. */
+static inline int plan_params16_copies(const struct plan *p)
+{
+    return plan_streams_master(p) ? 0 : plan_keep_prev(p) ? 2 : 1;
 }
 
 /* Whether each chunk's gradient (or each rank's shard of it) reaches the host once per step. Then

@@ -91,7 +91,7 @@ static void *init_thread(void *arg)
 static int init_weights(struct job_state *st, bool random)
 {
     struct init_ctx ctx = {.st = st, .master = st->shm.master, .params16 = st->shm.params16, .random = random};
-    if (plan_params16_copies(&st->plan) == 2)
+    if (st->shape.params16_copies == 2)
         ctx.params16_odd = st->shm.params16 + st->lay.total_numel;
     int64_t n = 0;
     for (int t = 0; t < st->lay.num_tensors; t++)
@@ -216,7 +216,7 @@ static int attach_regions(struct job_state *st)
     const char *what[4] = {"ctl", "params16", "master", "grads"};
     struct shm_region *regs[4] = {&st->ctl_region, &st->params16_region, &st->master_region, &st->grads_region};
     for (int i = 0; i < 4; i++) {
-        if (i == 1 && !plan_params16_copies(&st->plan)) /* no bf16 copy: workers stream the master */
+        if (i == 1 && !st->shape.params16_copies) /* no bf16 copy: workers stream the master */
             continue;
         ctl_region_name(st->job_name, what[i], name, sizeof name);
         if (shm_region_attach(regs[i], name, true) != 0) {
@@ -296,21 +296,21 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->model = st->cfg;
     h->plan = st->plan;
     h->topo = st->topo;
-    h->gpus = st->job.gpus;
-    h->optim_procs = st->plan.optim_procs;
-    h->grad_slots = st->plan.grad_slots;
-    h->num_tensors = st->lay.num_tensors;
-    h->num_chunks = st->lay.num_chunks;
+    h->gpus = st->shape.gpus;
+    h->optim_procs = st->shape.optim_procs;
+    h->grad_slots = st->shape.grad_slots;
+    h->num_tensors = st->shape.num_tensors;
+    h->num_chunks = st->shape.num_chunks;
     h->first_step = (int32_t)st->resumed_step + 1;
     h->job_hash = st->job_hash;
-    h->keep_prev = plan_params16_copies(&st->plan) == 2;
+    h->keep_prev = st->shape.params16_copies == 2;
     h->exchange = plan_uses_exchange(&st->plan, st->job.gpus);
-    h->grads_direct = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum);
-    h->grads_bf16 = plan_grads_bf16(&st->plan, &st->job);
-    h->window_shm_bytes = st->window_shm_bytes;
+    h->grads_direct = st->shape.grads_direct;
+    h->grads_bf16 = st->shape.grads_bf16;
+    h->window_shm_bytes = st->shape.window_shm_bytes;
     h->ckpt_every = (uint32_t)st->job.ckpt_every;
-    h->total_numel = st->lay.total_numel;
-    h->max_chunk_numel = st->lay.max_chunk_numel;
+    h->total_numel = st->shape.total_numel;
+    h->max_chunk_numel = st->shape.max_chunk_numel;
     h->num_params = st->lay.num_params;
     h->params16_bytes = sz->params16_bytes;
     h->master_bytes = sz->master_bytes;
@@ -485,17 +485,9 @@ int state_create(struct job_state *st)
     struct hf_weights weights = {0};
     if (!job->init_random && hf_weights_open(job->model_path, &weights) != 0)
         return -1;
+    ctl_shape_of(job, &st->plan, &st->lay, &st->shape);
     struct ctl_sizes sz;
-    /* The CPU backend's exchange windows (fp32 weights) live in the grads region; GPUs export theirs. */
-    struct window_layout win;
-    ctl_window_layout(st->lay.max_chunk_numel, job->gpus, 4, st->plan.grad_route == GRADS_GPU,
-                      st->plan.param_route == PARAMS_SHARDED, &win);
-    uint64_t window_shm = plan_uses_exchange(&st->plan, job->gpus) && job->device == DEVICE_CPU ? win.total : 0;
-    int rc = ctl_compute_sizes(job->gpus, job->grad_accum, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
-                               st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
-                               plan_params16_copies(&st->plan), plan_grads_direct(&st->plan, job->gpus, job->grad_accum),
-                               plan_grads_bf16(&st->plan, job), job->optimizer_state, window_shm, &sz);
-    st->window_shm_bytes = window_shm;
+    int rc = ctl_compute_sizes(&st->shape, &sz);
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);
     int existing = rc == 0 ? check_existing_state(st) : -1;
