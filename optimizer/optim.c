@@ -158,10 +158,10 @@ static void journal_apply(struct optim *o, struct lane *l)
     size_t off = j->offset, n = j->n;
     if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE)
         memcpy(o->shm.grad_acc + off, l->stage_p, n * sizeof(float));
-    else
+    else /* no bf16 copy to write when workers stream the master */
         adamw_store_staged(o->shm.master + off, o->m_bytes + off * o->state_size, o->v_bytes + off * o->state_size,
-                           o->shm.params16 ? job_params16_of(&o->shm, j->step) + off : NULL, l->stage_p, l->stage_m, l->stage_v,
-                           l->stage_p16, n, o->state_size);
+                           o->shm.params16 ? job_params16_of(&o->shm, j->step) + off : NULL, l->stage_p,
+                           l->stage_m, l->stage_v, l->stage_p16, n, o->state_size);
 }
 
 static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t chunk, uint32_t step, uint32_t micro,
