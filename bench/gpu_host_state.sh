@@ -1,13 +1,16 @@
 #!/bin/bash
 # Lean host state on a GPU host, from the repo root: the Qwen3-8B shape (random init, seq 4096, bf16
-# gradients) at 8k and 64k tokens per step with fp32 optimizer state (clipping, and without) and
-# bf16 state, once in gpu_mem = 24G; the FSDP2 offload peer at 8B; Qwen3-1.7B at 8k with each state.
-# Per run: exit status, median step time, the planner's prediction, peak host memory (the job's
-# /dev/shm objects plus its processes' private RSS, sampled every 0.5 s), peak GPU memory
-# (nvidia-smi, the whole process), and host bytes per parameter. Prints one table; logs in $OUT.
+# gradients, clipping) at 8k and 64k tokens per step in exact mode (fp32 optimizer state, the weights
+# source the planner picks: the streamed master where the bf16 copy does not fit) and in bf16-state
+# mode, once in gpu_mem = 24G; the FSDP2 offload peer at 8B; Qwen3-1.7B at 8k with
+# weights_source = bf16_copy and = master, and with bf16 state.
+# Per run: exit status, median step time, the planner's prediction, the weights source, peak host
+# memory (the job's /dev/shm objects plus its processes' private RSS, sampled every 0.5 s), peak GPU
+# memory (nvidia-smi, the whole process), and host bytes per parameter. Prints one table; logs in $OUT.
 # Needs .gpudeps/ as gpu_build.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
-# ONLY="name ..." runs just those runs; DEADLINE caps the call's seconds; BASE_LAUNCH=path runs the
-# 1.7B exact-mode job also with that slidedp-launch (today's code, built from main) for comparison.
+# ONLY="name ..." runs just those runs; DEADLINE caps the call's seconds (runs that would not fit are
+# skipped, most important first); BASE_LAUNCH=path runs the 1.7B exact-mode job also with that
+# slidedp-launch (today's code, built from main) for comparison.
 . bench/gpu_build.sh
 peer=$deps/torch_peer.py
 w=/tmp/issue19
@@ -92,14 +95,15 @@ host = [int(l) for l in lines(f"{out}/{name}_host.log") if l.strip().isdigit()]
 try:
     plan = json.load(open(f"{out}/{name}.plan.json"))
     params, planned = plan["job"]["params"], plan["host_memory"]["total"]
+    source = plan["plan"]["weights_source"]
     largest = {k: v["largest_model"]["layers"] for k, v in plan["host_memory"]["modes"].items()}
 except (OSError, ValueError, KeyError):
-    params, planned, largest = float("nan"), float("nan"), {}
+    params, planned, largest, source = float("nan"), float("nan"), {}, "-"
 err = [l.strip() for l in lines(f"{out}/{name}.log") if "slidedp-launch:" in l][:1]
 print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"),
                   "predicted": rows[0]["predicted_step_s"] if rows else float("nan"),
                   "peak_host": max(host) if host else float("nan"), "peak_gpu_mib": max(gpu) if gpu else float("nan"),
-                  "params": params, "planned_host": planned, "largest_layers": largest, "args": args,
+                  "params": params, "planned_host": planned, "largest_layers": largest, "source": source, "args": args,
                   "error": err[0] if err else ""}))
 PY
     "$build/slidedp-launch" --clean "$w/job.ini" "$@" > /dev/null 2>&1
@@ -119,32 +123,33 @@ peer_run() { # NAME SECONDS ARGS...
     tail -3 "$out/$name.log" | tee -a "$out/summary.log"
 }
 bf16g="runtime.grad_dtype=bf16"
-noclip="train.grad_clip=0 runtime.update_mode=during_backward"
-job qwen3-8b 6
-ours q8_8k_fp32 240 "$build/slidedp-launch" $bf16g
-ours q8_8k_fp32_noclip 240 "$build/slidedp-launch" $bf16g $noclip
-ours q8_8k_bf16 240 "$build/slidedp-launch" $bf16g train.optimizer_state=bf16
-ours q8_8k_bf16_24g 240 "$build/slidedp-launch" $bf16g train.optimizer_state=bf16 runtime.gpu_mem=24G
-job qwen3-8b 4
-ours q8_64k_fp32 300 "$build/slidedp-launch" $bf16g train.grad_accum=8
-ours q8_64k_bf16 300 "$build/slidedp-launch" $bf16g train.grad_accum=8 train.optimizer_state=bf16
-peer_run fsdp2_offload_8b_8k 300 8b offload 4096 2 1 4
-job qwen3-1.7b 8
-ours q17_8k_fp32 150 "$build/slidedp-launch"
-[ -n "${BASE_LAUNCH:-}" ] && ours q17_8k_fp32_main 150 "$BASE_LAUNCH"
-ours q17_8k_bf16 150 "$build/slidedp-launch" train.optimizer_state=bf16
+# most important first: a run that would pass the deadline is skipped
+job qwen3-8b 5
+ours q8_8k_exact 110 "$build/slidedp-launch" $bf16g
+ours q8_8k_bf16 100 "$build/slidedp-launch" $bf16g train.optimizer_state=bf16
+job qwen3-1.7b 6
+ours q17_8k_copy 45 "$build/slidedp-launch" runtime.weights_source=bf16_copy
+[ -n "${BASE_LAUNCH:-}" ] && ours q17_8k_main 45 "$BASE_LAUNCH"
+ours q17_8k_master 45 "$build/slidedp-launch" runtime.weights_source=master
+ours q17_8k_bf16 45 "$build/slidedp-launch" train.optimizer_state=bf16
+job qwen3-8b 3
+ours q8_64k_exact 100 "$build/slidedp-launch" $bf16g train.grad_accum=8
+ours q8_64k_bf16 100 "$build/slidedp-launch" $bf16g train.grad_accum=8 train.optimizer_state=bf16
+job qwen3-8b 5
+ours q8_8k_exact_24g 100 "$build/slidedp-launch" $bf16g runtime.gpu_mem=24G
+peer_run fsdp2_offload_8b_8k 120 8b offload 4096 2 1 3
 python3 - "$out/issue19.results" <<'PY' | tee -a "$out/summary.log"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 G = 1024 ** 3
-print(f"| {'run':18} | {'exit':>4} | {'step s':>7} | {'predicted':>9} | {'error':>7} | {'host GiB':>8} | "
+print(f"| {'run':18} | {'exit':>4} | {'source':9} | {'step s':>7} | {'predicted':>9} | {'error':>7} | {'host GiB':>8} | "
       f"{'B/param':>7} | {'GPU GiB':>7} | largest layers fp32/bf16 |")
-print(f"|{'-'*20}|{'-'*6}|{'-'*9}|{'-'*11}|{'-'*9}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*26}|")
+print(f"|{'-'*20}|{'-'*6}|{'-'*11}|{'-'*9}|{'-'*11}|{'-'*9}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*26}|")
 for r in rows:
     m, p = r["measured"], r["predicted"]
     err = 100 * (p - m) / m if m == m and m else float("nan")
     ll = r["largest_layers"]
-    print(f"| {r['name']:18} | {r['rc']:4} | {m:7.3f} | {p:9.3f} | {err:+6.1f}% | {r['peak_host'] / G:8.2f} | "
+    print(f"| {r['name']:18} | {r['rc']:4} | {r['source']:9} | {m:7.3f} | {p:9.3f} | {err:+6.1f}% | {r['peak_host'] / G:8.2f} | "
           f"{r['peak_host'] / r['params']:7.2f} | {r['peak_gpu_mib'] / 1024:7.2f} | "
           f"{ll.get('fp32', '-')}/{ll.get('bf16', '-')} |")
 for r in rows:

@@ -1,5 +1,5 @@
 /* bf16 and fp16 <-> fp32 conversions (round to nearest even, NaN kept quiet), used by the loader,
- * the exporter, the CPU backend and the optimizer's scalar path. */
+ * the exporter, the CPU and CUDA backends and the optimizer's scalar path. */
 #ifndef SD_BF16_H
 #define SD_BF16_H
 
@@ -8,8 +8,17 @@
 #include <stdint.h>
 #include <string.h>
 
+/* f32_to_bf16 (and f32_bits under it) is also the CUDA backend's rounding of streamed master weights
+ * (worker/cuda), so the device gets the bits the optimizers' bf16 copy would hold: one definition
+ * for both. */
+#ifdef __CUDACC__
+#define BF16_HOST_DEVICE __host__ __device__
+#else
+#define BF16_HOST_DEVICE
+#endif
+
 /* An fp32 value's bits, and the value of fp32 bits. */
-static inline uint32_t f32_bits(float f)
+static inline BF16_HOST_DEVICE uint32_t f32_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -28,7 +37,7 @@ static inline float bf16_to_f32(uint16_t h)
     return f32_of_bits((uint32_t)h << 16);
 }
 
-static inline uint16_t f32_to_bf16(float f)
+static inline BF16_HOST_DEVICE uint16_t f32_to_bf16(float f)
 {
     uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and payload top, force quiet */

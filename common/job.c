@@ -76,6 +76,7 @@ static const struct key_spec key_specs[] = {
     {"runtime", "grad_route", K_ENUM, OFF(grad_route), 0, 0, "auto|cpu|gpu", 0},
     {"runtime", "update_mode", K_ENUM, OFF(update_mode), 0, 0, "auto|after_backward|during_backward", 0},
     {"runtime", "accumulate_on_device", K_ENUM, OFF(accumulate_on_device), 0, 0, "auto|false|true", -1},
+    {"runtime", "weights_source", K_ENUM, OFF(weights_source), 0, 0, "auto|bf16_copy|master", 0},
     {"runtime", "grad_dtype", K_ENUM, OFF(grad_dtype), 0, 0, "fp32|bf16", 0},
     {"runtime", "topology", K_PATH, OFF(topology), 0, 0, NULL, 0},
     {"runtime", "deterministic", K_BOOL, OFF(deterministic), 0, 0, NULL, 0},
@@ -462,6 +463,10 @@ static int validate(struct parse_ctx *c)
     if (job->update_mode == UPDATE_DURING_BACKWARD && job->grad_clip > 0)
         return key_err(c, "runtime", "update_mode",
                        "during_backward needs train.grad_clip = 0 (clipping needs the global norm before any update)");
+    if (job->update_mode == UPDATE_DURING_BACKWARD && job->weights_source == WEIGHTS_MASTER)
+        return key_err(c, "runtime", "weights_source",
+                       "master needs update_mode = after_backward (the master is updated in place, so no previous "
+                       "version is left for a worker redoing a step after a crash)");
     if (job->grad_route == GRADS_GPU && job->accumulate_on_device == 1)
         return key_err(c, "runtime", "accumulate_on_device",
                        "true cannot go with grad_route = gpu (its shard accumulators sum the micro-steps on the GPUs)");

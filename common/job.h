@@ -21,6 +21,9 @@ enum grad_dtype { GRAD_FP32 = 0, GRAD_BF16 = 1 };
 enum act_policy { ACT_AUTO = 0, ACT_KEEP = 1, ACT_RECOMPUTE = 2, ACT_OFFLOAD = 3 };
 /* The dtype of Adam's m and v on the host (the master weights stay fp32). */
 enum optimizer_state { OPTIM_STATE_FP32 = 0, OPTIM_STATE_BF16 = 1 };
+/* Where workers take the weights they compute with: a bf16 copy the optimizers keep (params16), or
+ * the fp32 master itself, rounded to bf16 on the device (docs/design.md §4.3). */
+enum weights_source { WEIGHTS_AUTO = 0, WEIGHTS_BF16_COPY = 1, WEIGHTS_MASTER = 2 };
 /* Its job.ini spelling. */
 static inline const char *optimizer_state_name(enum optimizer_state s)
 {
@@ -79,6 +82,7 @@ struct job_config {
     enum grad_route grad_route;
     enum update_mode update_mode;
     int accumulate_on_device;  /* -1 auto, 0 no, 1 yes */
+    enum weights_source weights_source;
     enum grad_dtype grad_dtype; /* bf16: gradients sent straight into the accumulator are rounded
                                  * to bf16 on the device (half the copy and the optimizer reads less) */
     char topology[JOB_PATH_MAX]; /* GPU topology description file; empty: probe the host */

@@ -33,6 +33,7 @@ struct plan {
     int grad_route;         /* enum grad_route, never AUTO here */
     int logits_rows;        /* rows per cross-entropy chunk */
     int accumulate_on_device; /* micro-steps sum their gradients on the GPU; each rank sends once per step */
+    int weights_source;     /* enum weights_source, never AUTO here */
     uint8_t keep_acts[PLAN_MAX_LAYERS]; /* per layer: 1 keep, 0 recompute from the layer input */
     /* predictions (seconds per step, bytes); the choices above identify a job's state
      * (launcher/state.c job_hash), these do not */
@@ -55,6 +56,13 @@ static inline int plan_logits_rows_for(int64_t N, int64_t row_bytes, int64_t mib
     return (int)(rows < 1 ? 1 : rows > N ? N : rows);
 }
 
+/* Whether workers stream the fp32 master (and round it to bf16 on the device) instead of a bf16
+ * copy: then there is no params16 object and the optimizers write no copy. */
+static inline bool plan_streams_master(const struct plan *p)
+{
+    return p->weights_source == WEIGHTS_MASTER;
+}
+
 /* Whether the workers exchange shards through each other's device memory (docs/design.md §7). */
 static inline bool plan_uses_exchange(const struct plan *p, int gpus)
 {
@@ -75,6 +83,13 @@ static inline bool plan_keep_prev(const struct plan *p)
 static inline bool plan_one_post_per_rank(const struct plan *p, int gpus)
 {
     return p->accumulate_on_device || (gpus > 1 && p->grad_route == GRADS_GPU);
+}
+
+/* The bf16 copies of the weights params16 holds: none when workers stream the master (whose plans
+ * never keep the previous version), two with plan_keep_prev, else one. */
+static inline int plan_params16_copies(const struct plan *p)
+{
+    return plan_streams_master(p) ? 0 : plan_keep_prev(p) ? 2 : 1;
 }
 
 /* Whether each chunk's gradient (or each rank's shard of it) reaches the host once per step. Then

@@ -35,7 +35,7 @@ static uint64_t hash_str(const char *s)
 struct init_ctx {
     const struct job_state *st;
     float *master;
-    uint16_t *params16;
+    uint16_t *params16;     /* NULL when workers stream the master */
     uint16_t *params16_odd; /* the odd versions' copy (keep_prev), or NULL */
     bool random;
     int64_t num_items;
@@ -67,6 +67,8 @@ static void init_block(struct init_ctx *ctx, int t, int64_t block)
                 p[i] = v;
         }
     }
+    if (!ctx->params16) /* workers stream the master: there is no copy */
+        return;
     uint16_t *q = ctx->params16 + td->offset;
     f32_to_bf16_n(q + begin, p + begin, (size_t)(end - begin));
     if (ctx->params16_odd) /* whichever parity the first version has, both copies start equal */
@@ -85,11 +87,11 @@ static void *init_thread(void *arg)
     }
 }
 
-/* Draws (random init) or converts (loaded) the master weights and writes the bf16 copy. */
+/* Draws (random init) or converts (loaded) the master weights and writes the bf16 copy (if any). */
 static int init_weights(struct job_state *st, bool random)
 {
     struct init_ctx ctx = {.st = st, .master = st->shm.master, .params16 = st->shm.params16, .random = random};
-    if (st->shape.keep_prev)
+    if (st->shape.params16_copies == 2)
         ctx.params16_odd = st->shm.params16 + st->lay.total_numel;
     int64_t n = 0;
     for (int t = 0; t < st->lay.num_tensors; t++)
@@ -214,6 +216,8 @@ static int attach_regions(struct job_state *st)
     const char *what[4] = {"ctl", "params16", "master", "grads"};
     struct shm_region *regs[4] = {&st->ctl_region, &st->params16_region, &st->master_region, &st->grads_region};
     for (int i = 0; i < 4; i++) {
+        if (i == 1 && !st->shape.params16_copies) /* no bf16 copy: workers stream the master */
+            continue;
         ctl_region_name(st->job_name, what[i], name, sizeof name);
         if (shm_region_attach(regs[i], name, true) != 0) {
             for (int j = 0; j < i; j++)
@@ -244,7 +248,8 @@ static uint64_t job_hash(const struct job_state *st)
     h = fnv1a(h, &st->cfg, sizeof st->cfg);
     const struct plan *p = &st->plan;
     int choices[] = {p->layers_per_chunk, p->chunk_buffers, p->grad_slots, p->optim_procs, p->optim_threads,
-                     p->update_mode, p->param_route, p->grad_route, p->logits_rows, p->accumulate_on_device};
+                     p->update_mode, p->param_route, p->grad_route, p->logits_rows, p->accumulate_on_device,
+                     p->weights_source};
     h = fnv1a(h, choices, sizeof choices);
     return fnv1a(h, p->keep_acts, (size_t)st->cfg.num_layers);
 }
@@ -263,11 +268,14 @@ static int create_regions(struct job_state *st, const struct ctl_sizes *sz)
         {"grads", &st->grads_region, sz->grads_bytes},
     };
     for (int i = 0; i < 4; i++) {
+        if (!objs[i].size) /* params16 when workers stream the master */
+            continue;
         ctl_region_name(st->job_name, objs[i].what, name, sizeof name);
         if (shm_region_create(objs[i].r, name, objs[i].size) != 0) {
             for (int j = 0; j < i; j++) {
                 shm_region_detach(objs[j].r);
-                shm_region_unlink(objs[j].r->name);
+                if (objs[j].size)
+                    shm_region_unlink(objs[j].r->name);
             }
             return -1;
         }
@@ -295,7 +303,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->num_chunks = st->shape.num_chunks;
     h->first_step = (int32_t)st->resumed_step + 1;
     h->job_hash = st->job_hash;
-    h->keep_prev = st->shape.keep_prev;
+    h->keep_prev = st->shape.params16_copies == 2;
     h->exchange = plan_uses_exchange(&st->plan, st->job.gpus);
     h->grads_direct = st->shape.grads_direct;
     h->grads_bf16 = st->shape.grads_bf16;

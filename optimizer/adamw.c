@@ -445,6 +445,8 @@ void adamw_store_staged(float *p, void *m, void *v, uint16_t *p16, const float *
     memcpy(p, sp, n * sizeof(float));
     memcpy(m, sm, n * state_size);
     memcpy(v, sv, n * state_size);
+    if (!p16) /* workers stream the master: no copy to write */
+        return;
     copy_streaming(p16, s16, n * sizeof(uint16_t));
     _mm_sfence(); /* the streaming stores are ordered before whatever the caller publishes next */
 }

@@ -59,7 +59,8 @@ void grad_add_to(float *dst, const float *a, const float *b, size_t n);
  * place; m and v have state_size bytes per element (4, or 2 for bf16 state). master, m and v take
  * ordinary stores: the update just read their lines, so they are in cache. The bf16 copy takes
  * non-temporal stores, so its lines are not read from memory first (2 of the ~32 bytes per
- * parameter the update moves); a store fence then orders them before what the caller publishes. */
+ * parameter the update moves); a store fence then orders them before what the caller publishes. p16
+ * NULL: no copy is kept (workers stream the master), only master, m and v are stored. */
 void adamw_store_staged(float *p, void *m, void *v, uint16_t *p16, const float *sp, const void *sm, const void *sv,
                         const uint16_t *s16, size_t n, size_t state_size);
 

@@ -158,10 +158,10 @@ static void journal_apply(struct optim *o, struct lane *l)
     size_t off = j->offset, n = j->n;
     if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE)
         memcpy(o->shm.grad_acc + off, l->stage_p, n * sizeof(float));
-    else
+    else /* no bf16 copy to write when workers stream the master */
         adamw_store_staged(o->shm.master + off, o->m_bytes + off * o->state_size, o->v_bytes + off * o->state_size,
-                           job_params16_of(&o->shm, j->step) + off, l->stage_p, l->stage_m, l->stage_v,
-                           l->stage_p16, n, o->state_size);
+                           o->shm.params16 ? job_params16_of(&o->shm, j->step) + off : NULL, l->stage_p,
+                           l->stage_m, l->stage_v, l->stage_p16, n, o->state_size);
 }
 
 static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t chunk, uint32_t step, uint32_t micro,
@@ -386,7 +386,8 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
         cs->sumsq[s & 1] = total;
     }
     fault_point("optim_updated");
-    /* release: pairs with the workers' acquire load of version before they read params16, and
+    /* release: pairs with the workers' acquire load of version before they read params16 (or the
+     * master, docs/design.md §4.5), and
      * (norm_in_update) with global_norm's before it reads the sumsq */
     atomic_store_explicit(&cs->version, s, memory_order_release);
     futex_wake_all(&cs->version);

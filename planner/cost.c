@@ -242,6 +242,8 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
     int64_t attn_scratch = 2 * N * q * 4 + N * cfg->num_heads * 4 + ((int64_t)1 << 20);
     int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;
     out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)64 << 20) + al(op_scratch, a);
+    if (!cpu && plan_streams_master(mc->plan)) /* the streamed master's fp32 staging (32 MiB) */
+        out->workspace += (int64_t)32 << 20;
     int G = job->gpus;
     /* the exchange window (worker/pipeline_exchange.c) and, for GPU-side gradients, the shard sums */
     if (plan_uses_exchange(mc->plan, G)) {
@@ -528,6 +530,7 @@ static double finish_step(struct sim *s)
 #define UPDATE_BYTES 30.0
 #define BF16_GRAD_SAVING 2.0 /* bytes per parameter less to read with a bf16 accumulator */
 #define BF16_STATE_SAVING 8.0 /* with bf16 m and v: 2 bytes less of each to read and to write */
+#define BF16_COPY_SAVING 2.0  /* workers streaming the master: no bf16 copy to write */
 
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
 struct rates {
@@ -585,7 +588,8 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         /* m and v in bf16: 8 bytes less. The update is priced as bound by host memory (the
          * calibrated AdamW rate, fp32 state, scaled by the bytes it moves). */
         .update_bytes = UPDATE_BYTES - (bf16_grads ? BF16_GRAD_SAVING : 0) -
-                        (job->optimizer_state == OPTIM_STATE_BF16 ? BF16_STATE_SAVING : 0),
+                        (job->optimizer_state == OPTIM_STATE_BF16 ? BF16_STATE_SAVING : 0) -
+                        (plan_streams_master(p) ? BF16_COPY_SAVING : 0),
         .nc = nc,
         .hc = nc - 1,
         .G = G,
@@ -636,15 +640,19 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
     double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq) * sh.D;
     for (int c = 0; c < s->nc; c++) {
         const struct chunk_desc *ch = &lay->chunks[c];
+        /* the bf16 weights, and what crosses the host link for them: the copy, or the fp32 master
+         * (rounded on the device) */
         double wbytes = (double)ch->numel * 2, gbytes = (double)ch->numel * (s->bf16_grads ? 2 : 4);
-        if (d->cpu) { /* the worker converts params16 and copies its gradient into the slot itself */
+        double hbytes = plan_streams_master(p) ? 2 * wbytes : wbytes;
+        if (d->cpu) { /* the worker converts the weights and copies its gradient into the slot itself */
             s->fetch_fwd[c] = s->fetch_bwd[c] = elem_s(d, ELEM_CONVERT, (double)ch->numel);
-            s->bytes_fwd[c] = s->bytes_bwd[c] = wbytes;
+            s->bytes_fwd[c] = s->bytes_bwd[c] = hbytes;
             s->send[c] = elem_s(d, ELEM_COPY, (double)ch->numel);
             out->d2h_bytes += sends * gbytes;
         } else {
             /* sharded: 1/G from the host while the rest comes from the peers */
-            double host_part = sharded ? wbytes / G : wbytes, peer = sharded ? wbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
+            double host_part = sharded ? hbytes / G : hbytes;
+            double peer = sharded ? wbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
             s->fetch_fwd[c] = fmax(host_part / rt->h2d_fwd, peer);
             s->fetch_bwd[c] = fmax(host_part / rt->h2d_bwd, peer);
             s->bytes_fwd[c] = s->bytes_bwd[c] = host_part;
@@ -714,8 +722,8 @@ static double simulate(struct sim *s, struct step_pred *out)
         out->h2d_s += (A - s->A) * h2d_s[s->A - 1];
         out->h2d_bytes += (A - s->A) * h2d_b[s->A - 1];
     }
-    if (s->sharded)
-        out->p2p_bytes += out->h2d_bytes * (G - 1);
+    if (s->sharded) /* the peers exchange bf16 shards, also when the host sends the fp32 master */
+        out->p2p_bytes += out->h2d_bytes * (G - 1) / (plan_streams_master(mc->plan) ? 2 : 1);
     out->p2p_s = out->p2p_bytes / mc->cal->gpu.p2p_bw;
     return period;
 }

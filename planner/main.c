@@ -110,8 +110,10 @@ static void print_text_prediction(const struct report *r)
            r->tokens / p->step_s, p->flops / p->step_s / (tera ? 1e12 : 1e9), tera ? "T" : "G", in->evaluated);
     printf("  compute          %10.4f s  (%.2f %sFLOP per rank; recompute %.4f s)\n", p->compute_s,
            p->flops / (tera ? 1e12 : 1e9), tera ? "T" : "G", p->recompute_s);
-    printf("  weights in       %10.4f s  (%s per rank%s)\n", p->h2d_s, sz(p->h2d_bytes),
-           cpu ? ", bf16 -> fp32 on the worker" : "");
+    bool master = plan_streams_master(r->plan);
+    const char *how = cpu ? (master ? ", fp32 master -> bf16 -> fp32 on the worker" : ", bf16 -> fp32 on the worker")
+                          : (master ? ", fp32 master rounded to bf16 on the device" : "");
+    printf("  weights in       %10.4f s  (%s per rank%s)\n", p->h2d_s, sz(p->h2d_bytes), how);
     printf("  grads out        %10.4f s  (%s per rank)\n", p->d2h_s, sz(p->d2h_bytes));
     if (!cpu && job->gpus > 1)
         printf("  peer copies      %10.4f s  (%s)\n", p->p2p_s, sz(p->p2p_bytes));
@@ -150,6 +152,22 @@ static void print_text_gpu_memory(const struct report *r)
                r->plan->grad_route == GRADS_GPU ? " and gradient shard accumulators" : "");
 }
 
+/* Where the workers take their weights from, why, and what each source the search tried gives. */
+static void print_text_weights_source(const struct report *r)
+{
+    const struct plan_info *in = r->info;
+    printf("weights source: %s: %s\n", plan_weights_source_name(r->plan->weights_source), in->source_reason);
+    for (int i = 0; i < in->num_sources && in->num_sources > 1; i++) {
+        const struct plan_source_option *o = &in->sources[i];
+        if (o->fits)
+            printf("  %-9s  step %.4f s, host %s (%.2f bytes per parameter)%s\n", plan_weights_source_name(o->source),
+                   o->step_s, sz(o->host_bytes), o->host_bytes / r->num_params,
+                   o->host_fits ? "" : ", does not fit this host");
+        else
+            printf("  %-9s  no plan fits the device\n", plan_weights_source_name(o->source));
+    }
+}
+
 static void print_text_host_memory(const struct report *r)
 {
     const struct plan_info *in = r->info;
@@ -157,6 +175,7 @@ static void print_text_host_memory(const struct report *r)
     const struct host_mem_pred *h = &in->host;
     printf("\nhost memory: %s = params16 %s + master %s + grads %s + ctl %s (the shared objects)\n",
            sz(h->total), sz(h->params16), sz(h->master), sz(h->grads), sz(h->ctl));
+    print_text_weights_source(r);
     if (cpu)
         printf("  + the workers' memory %s (the CPU backend's device memory is host memory)\n", sz(h->workers));
     if (in->host_available > 0)
@@ -318,6 +337,7 @@ static cJSON *plan_json(const struct report *r)
     cJSON_AddBoolToObject(pj, "accumulate_on_device", pl->accumulate_on_device);
     cJSON_AddBoolToObject(pj, "grads_direct", plan_grads_direct(pl, r->job->gpus, r->job->grad_accum));
     cJSON_AddBoolToObject(pj, "grads_bf16", plan_grads_bf16(pl, r->job));
+    cJSON_AddStringToObject(pj, "weights_source", plan_weights_source_name(pl->weights_source));
     cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
     for (int l = 0; l < r->cfg->num_layers; l++)
         cJSON_AddItemToArray(keep, cJSON_CreateNumber(pl->keep_acts[l]));
@@ -404,6 +424,21 @@ static cJSON *host_memory_json(const struct report *r)
     cJSON_AddBoolToObject(h, "fits", in->host_fits);
     cJSON_AddStringToObject(h, "optimizer_state", optimizer_state_name(r->job->optimizer_state));
     cJSON_AddNumberToObject(h, "bytes_per_param", (double)in->host.total / r->num_params);
+    cJSON *src = cJSON_AddObjectToObject(h, "weights_source");
+    cJSON_AddStringToObject(src, "chosen", plan_weights_source_name(r->plan->weights_source));
+    cJSON_AddStringToObject(src, "reason", in->source_reason);
+    cJSON *opts = cJSON_AddArrayToObject(src, "options");
+    for (int i = 0; i < in->num_sources; i++) {
+        const struct plan_source_option *o = &in->sources[i];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "source", plan_weights_source_name(o->source));
+        cJSON_AddBoolToObject(e, "fits", o->fits);
+        cJSON_AddBoolToObject(e, "host_fits", o->host_fits);
+        cJSON_AddNumberToObject(e, "step_s", o->step_s);
+        cJSON_AddNumberToObject(e, "host_bytes", (double)o->host_bytes);
+        cJSON_AddNumberToObject(e, "bytes_per_param", o->host_bytes / r->num_params);
+        cJSON_AddItemToArray(opts, e);
+    }
     cJSON *modes = cJSON_AddObjectToObject(h, "modes");
     for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
         const struct plan_state_mode *m = &in->state_modes[st];

@@ -250,14 +250,16 @@ static int accumulate_candidates(const struct job_config *job, int grad_route, i
     return 2;
 }
 
-static int mode_candidates(const struct job_config *job, int *out)
+static int mode_candidates(const struct job_config *job, const struct plan *tmpl, int *out)
 {
     if (job->update_mode != UPDATE_AUTO) {
         out[0] = job->update_mode;
         return 1;
     }
     out[0] = UPDATE_AFTER_BACKWARD;
-    if (job->grad_clip > 0) /* clipping needs the global norm before any update */
+    /* clipping needs the global norm before any update; the streamed master, updated in place, keeps
+     * no previous version for a worker redoing a step (docs/design.md §6.3) */
+    if (job->grad_clip > 0 || plan_streams_master(tmpl))
         return 1;
     out[1] = UPDATE_DURING_BACKWARD;
     return 2;
@@ -268,7 +270,7 @@ static int mode_candidates(const struct job_config *job, int *out)
 static int search_shapes(struct search *S, const struct plan *tmpl)
 {
     int lpcs[MAX_CANDS], bufs[MAX_CANDS], modes[2], accs[2];
-    int nl = lpc_candidates(S->job, S->cfg->num_layers, lpcs), nm = mode_candidates(S->job, modes);
+    int nl = lpc_candidates(S->job, S->cfg->num_layers, lpcs), nm = mode_candidates(S->job, tmpl, modes);
     int na = accumulate_candidates(S->job, tmpl->grad_route, accs);
     for (int i = 0; i < nl; i++) {
         struct cand_layout cl;
@@ -433,6 +435,11 @@ static int64_t host_bytes_with(const struct search *S, const struct plan *p, int
  * available memory (host memory grows with the layers, so a bisection finds it). */
 static void report_state_modes(const struct search *S, const struct plan *p, int kept, struct plan_info *info)
 {
+    struct plan lean = *p;
+    if (S->job->weights_source != WEIGHTS_BF16_COPY && S->job->update_mode != UPDATE_DURING_BACKWARD) {
+        lean.weights_source = WEIGHTS_MASTER;
+        lean.update_mode = UPDATE_AFTER_BACKWARD;
+    }
     for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
         struct plan_state_mode *m = &info->state_modes[st];
         int64_t params;
@@ -445,7 +452,7 @@ static void report_state_modes(const struct search *S, const struct plan *p, int
         int64_t lo_bytes = 0, lo_params = 0;
         while (hi - lo > 1) {
             int mid = lo + (hi - lo) / 2;
-            int64_t mid_params, bytes = host_bytes_with(S, p, kept, mid, st, &mid_params);
+            int64_t mid_params, bytes = host_bytes_with(S, &lean, kept, mid, st, &mid_params);
             if (bytes >= 0 && bytes <= S->host_avail)
                 lo = mid, lo_bytes = bytes, lo_params = mid_params;
             else
@@ -562,6 +569,92 @@ static void report_routes(struct plan_info *info, const struct route_set *rs, co
              found || rs->n == 1 ? "" : "; none fits");
 }
 
+/* ---- the weights source ---- */
+
+/* The fastest plan of one weights source over the route combinations: within the host's memory,
+ * or when nothing fits there, for the device alone (host_fits false). */
+struct source_search {
+    struct search S;
+    struct plan_route_option options[PLAN_MAX_ROUTES];
+    bool host_fits;
+};
+
+static int search_source(const struct search *base, const struct plan *tmpl, const struct route_set *routes,
+                         struct source_search *out)
+{
+    if (search_routes(base, tmpl, routes, &out->S, out->options) != 0)
+        return -1;
+    out->host_fits = out->S.found;
+    if (out->S.found)
+        return 0;
+    struct search device_only = *base;
+    device_only.enforce_host = false;
+    return search_routes(&device_only, tmpl, routes, &out->S, out->options);
+}
+
+/* As job.ini sets it, else both: the bf16 copy first. */
+static int source_candidates(const struct job_config *job, int *out)
+{
+    if (job->weights_source != WEIGHTS_AUTO) {
+        out[0] = job->weights_source;
+        return 1;
+    }
+    if (job->update_mode == UPDATE_DURING_BACKWARD) { /* only the copy keeps the previous version */
+        out[0] = WEIGHTS_BF16_COPY;
+        return 1;
+    }
+    out[0] = WEIGHTS_BF16_COPY;
+    out[1] = WEIGHTS_MASTER;
+    return 2;
+}
+
+/* Which of the searched sources to take, and why. The copy costs host memory (2 bytes per parameter,
+ * shared by every GPU) and the optimizers' writing it; the master doubles the bytes each GPU pulls
+ * over its link. So: the copy when it fits the host's memory and is faster by more than noise; the
+ * master when the copy does not fit, or is not faster. */
+static int choose_source(const struct source_search *per, int n, const struct job_config *job, char *why, size_t len)
+{
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    if (n == 1) {
+        snprintf(why, len, "%s",
+                 job->weights_source != WEIGHTS_AUTO ? "set in job.ini"
+                                                     : "update_mode = during_backward needs the copy's previous version");
+        return 0;
+    }
+    const struct source_search *copy = &per[0], *master = &per[1];
+    if (!master->S.found) {
+        snprintf(why, len, "streaming the master fits no plan on the device");
+        return 0;
+    }
+    if (!copy->S.found) {
+        snprintf(why, len, "the bf16 copy fits no plan on the device");
+        return 1;
+    }
+    double tc = copy->S.best_pred.step_s, tm = master->S.best_pred.step_s;
+    double saved = (double)(copy->S.best_host.total - master->S.best_host.total) / GiB;
+    if (!copy->host_fits && master->host_fits) {
+        snprintf(why, len,
+                 "the bf16 copy does not fit host memory (%.2f GiB, %.2f available); the master does (%.2f GiB)",
+                 copy->S.best_host.total / GiB, copy->S.host_avail / GiB, master->S.best_host.total / GiB);
+        return 1;
+    }
+    if (copy->host_fits && !master->host_fits) {
+        snprintf(why, len, "only the bf16 copy's plan fits host memory");
+        return 0;
+    }
+    /* both fit, or neither (then both are planned for the GPUs alone, as if the host had the memory) */
+    const char *fit =
+        copy->host_fits ? "both fit host memory" : "neither fits this host's memory (planned for the GPUs alone)";
+    if (tc < tm * 0.998) {
+        snprintf(why, len, "%s: the bf16 copy is faster, %.4f s against %.4f s streaming the master", fit, tc, tm);
+        return 0;
+    }
+    snprintf(why, len, "%s: streaming the master is not slower (%.4f s against %.4f s with the bf16 copy) and takes "
+                       "%.2f GiB less host memory",
+             fit, tm, tc, saved);
+    return 1;
+}
+
 /* When nothing fits: the host memory the smallest plan would need, and whether offloading the
  * recomputed layers' inputs (not implemented yet) would make a plan fit. */
 static void explain_failure(struct search *S, const struct plan *tmpl, struct plan_info *info)
@@ -638,16 +731,19 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     /* about 64 MiB of logits at a time to start with (search_logits tries more) */
     tmpl.logits_rows = logits_rows_of(job, cfg, 64);
 
-    struct search S;
-    struct plan_route_option options[PLAN_MAX_ROUTES];
-    if (search_routes(&base, &tmpl, &routes, &S, options) != 0)
-        return -1;
-    bool host_fits = S.found;
-    if (!S.found) { /* nothing fits the host's memory too: plan for the device alone, and say so */
-        base.enforce_host = false;
-        if (search_routes(&base, &tmpl, &routes, &S, options) != 0)
+    struct source_search per[2];
+    int sources[2], nsrc = source_candidates(job, sources);
+    for (int i = 0; i < nsrc; i++) {
+        tmpl.weights_source = sources[i];
+        if (search_source(&base, &tmpl, &routes, &per[i]) != 0)
             return -1;
     }
+    char source_reason[256];
+    int pick = choose_source(per, nsrc, job, source_reason, sizeof source_reason);
+    struct search S = per[pick].S;
+    struct plan_route_option *options = per[pick].options;
+    bool host_fits = per[pick].host_fits;
+    tmpl.weights_source = sources[pick];
     if (!S.found) {
         if (info) {
             struct plan smallest_routes = tmpl;
@@ -703,6 +799,16 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         if (!cpu)
             add_whatif(&S, info, "recomputed layers' inputs offloaded to host", true);
         report_state_modes(&S, plan, S.best_kept, info);
+        info->num_sources = nsrc;
+        for (int i = 0; i < nsrc; i++)
+            info->sources[i] = (struct plan_source_option){
+                .source = sources[i],
+                .fits = per[i].S.found,
+                .host_fits = per[i].host_fits,
+                .step_s = per[i].S.found ? per[i].S.best_pred.step_s : 0,
+                .host_bytes = per[i].S.found ? per[i].S.best_host.total : 0,
+            };
+        snprintf(info->source_reason, sizeof info->source_reason, "%s", source_reason);
     }
     return 0;
 }
@@ -748,6 +854,11 @@ void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner)
     free(load);
 }
 
+const char *plan_weights_source_name(int source)
+{
+    return source == WEIGHTS_MASTER ? "master" : "bf16_copy";
+}
+
 const char *plan_bottleneck_name(int bottleneck)
 {
     static const char *names[] = {"device compute", "weights host->device", "gradients device->host",
@@ -773,6 +884,8 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
         snprintf(slots, sizeof slots, "%d grad slots per rank", plan->grad_slots);
     fprintf(f, "plan: %d layer(s) per chunk, %d chunk buffers, %s, %d optimizer process(es) x %d thread(s)\n",
             plan->layers_per_chunk, plan->chunk_buffers, slots, plan->optim_procs, plan->optim_threads);
+    fprintf(f, "plan: weights streamed from the %s\n",
+            plan_streams_master(plan) ? "fp32 master (rounded to bf16 on the device)" : "bf16 copy");
     fprintf(f, "plan: activations kept for %d/%d layers (others recomputed); update %s; params %s, grads %s%s\n",
             kept, cfg->num_layers, update_mode_name(plan->update_mode),
             plan->param_route == PARAMS_SHARDED ? "sharded" : "replicated",

@@ -37,11 +37,21 @@ struct plan_route_option {
 
 #define PLAN_MAX_ROUTES 4
 
+/* A weights source (enum weights_source) and the fastest plan found with it. */
+struct plan_source_option {
+    int source;
+    bool fits;          /* a plan fits the device */
+    bool host_fits;     /* and the host's memory */
+    double step_s;
+    int64_t host_bytes;
+};
+
 /* Host memory of the job under one [train] optimizer_state, on the chosen plan's choices; and the
  * largest model of the job's shape that fits this host: the job's model with as many decoder
  * layers as fit (hidden size, heads, MLP and vocabulary unchanged), each layer priced with the
- * chosen plan's choices (chunking, update mode, gradient route and dtype, slots, optimizer
- * processes). Layers are the one dimension a family's larger configs do not also change in shape,
+ * chosen plan's choices (chunking, gradient route and dtype, slots, optimizer processes) but
+ * streaming the master (updating after the backward) unless job.ini sets the bf16 copy or updates
+ * during the backward: the planner takes the master whenever the copy does not fit. Layers are the one dimension a family's larger configs do not also change in shape,
  * and the unit the workers stream, so the GPU budget does not bound the count. */
 struct plan_state_mode {
     int64_t host_bytes;       /* this job */
@@ -71,6 +81,9 @@ struct plan_info {
     struct plan_route_option routes[PLAN_MAX_ROUTES];
     char route_reason[256]; /* why these routes: forced, one GPU, no P2P, fastest, ... */
     struct plan_state_mode state_modes[2]; /* by enum optimizer_state */
+    int num_sources;        /* weights sources searched (one when job.ini sets it) */
+    struct plan_source_option sources[2];
+    char source_reason[256]; /* why the chosen one */
 };
 
 /* Fills plan with the fastest plan that fits runtime.gpu_mem (auto: the calibrated device memory
@@ -93,6 +106,8 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
 void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner);
 
 const char *plan_bottleneck_name(int bottleneck);
+/* The job.ini spelling of an enum weights_source other than auto. */
+const char *plan_weights_source_name(int source);
 
 /* The plan and its prediction in three lines (slidedp-launch's header). */
 void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg, const struct job_config *job);

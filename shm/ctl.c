@@ -50,7 +50,7 @@ void ctl_shape_of(const struct job_config *job, const struct plan *plan, const s
         .num_chunks = lay->num_chunks,
         .total_numel = lay->total_numel,
         .max_chunk_numel = lay->max_chunk_numel,
-        .keep_prev = plan_keep_prev(plan),
+        .params16_copies = plan_params16_copies(plan),
         .grads_direct = plan_grads_direct(plan, job->gpus, job->grad_accum),
         .grads_bf16 = plan_grads_bf16(plan, job),
         .optimizer_state = job->optimizer_state,
@@ -87,7 +87,7 @@ int ctl_compute_sizes(const struct ctl_shape *shape, struct ctl_sizes *out)
     uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * ctl_staging_lane_bytes(state_size);
     /* master (fp32), m and v, and the fp32 accumulator unless it heads the grads region */
     uint64_t master_per_param = 4 + 2 * state_size + (shape->grads_direct ? 0 : 4);
-    ok = ok && mul_ok(total_numel, shape->keep_prev ? 4 : 2, &out->params16_bytes) &&
+    ok = ok && mul_ok(total_numel, 2 * (uint64_t)shape->params16_copies, &out->params16_bytes) &&
          mul_ok(total_numel, master_per_param, &out->master_bytes) && add_ok(&out->master_bytes, staging) &&
          (shape->grads_direct
               ? (grads_elems = total_numel, true)
@@ -232,8 +232,10 @@ int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *nam
     struct ctl_sizes sz;
     bool ok = h->gpus >= 1 && h->gpus <= JOB_MAX_GPUS && h->gpus == h->job.gpus && h->num_chunks >= 1 &&
               h->num_tensors >= h->num_chunks && h->total_numel >= h->max_chunk_numel && h->max_chunk_numel >= 1 &&
+              (h->plan.weights_source == WEIGHTS_BF16_COPY ||
+               (h->plan.weights_source == WEIGHTS_MASTER && h->plan.update_mode == UPDATE_AFTER_BACKWARD)) &&
               h->optim_procs == h->plan.optim_procs && h->ckpt_every == (uint32_t)h->job.ckpt_every &&
-              h->grad_slots == shape.grad_slots && h->keep_prev == shape.keep_prev &&
+              h->grad_slots == shape.grad_slots && h->keep_prev == (shape.params16_copies == 2) &&
               h->grads_direct == shape.grads_direct && h->grads_bf16 == shape.grads_bf16 &&
               h->window_shm_bytes == shape.window_shm_bytes && ctl_compute_sizes(&shape, &sz) == 0;
     ok = ok && h->off_tensors == sz.off_tensors && h->off_chunks == sz.off_chunks &&
@@ -278,7 +280,15 @@ int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_r
     s->ctl = regs[0].base;
     if (ctl_validate(s->ctl, regs[0].size, name) != 0)
         goto fail;
-    if (what & (JOB_MAP_PARAMS_RO | JOB_MAP_PARAMS_RW)) {
+    bool copy = !plan_streams_master(&s->ctl->plan);
+    if ((what & JOB_MAP_PARAMS_RO) && !copy && !(what & JOB_MAP_MASTER)) {
+        /* the weights workers read are the master at the head of its object: only those are mapped */
+        ctl_region_name(job_name, "master", name, sizeof name);
+        size_t weights = (size_t)s->ctl->total_numel * sizeof(float);
+        if (shm_region_attach_head(&regs[2], name, s->ctl->master_bytes, weights) != 0)
+            goto fail;
+        s->master = regs[2].base;
+    } else if (copy && (what & (JOB_MAP_PARAMS_RO | JOB_MAP_PARAMS_RW))) {
         if (attach_sized(regs, 1, job_name, "params16", (what & JOB_MAP_PARAMS_RW) != 0, s->ctl->params16_bytes) != 0)
             goto fail;
         s->params16 = regs[1].base;

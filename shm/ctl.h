@@ -21,7 +21,7 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 6
+#define CTL_VERSION 7
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -76,7 +76,8 @@ struct proc_slot {
                                    * at spawn: with --job, what identifies an orphan to kill */
     /* monotonically increasing counters for monitors */
     _Atomic uint64_t bytes_in;   /* weights fetched (workers), gradient bytes reduced (optimizers) */
-    _Atomic uint64_t bytes_out;  /* gradients sent (workers), bf16 bytes published (optimizers) */
+    _Atomic uint64_t bytes_out;  /* gradients sent (workers); optimizers: 2 per parameter updated
+                                  * (the bf16 copy's bytes, counted also when there is none) */
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t wait_ns;
     _Atomic uint64_t items;      /* micro-steps (workers), chunk updates (optimizers) */
@@ -285,7 +286,8 @@ struct ctl_shape {
     int num_tensors, num_chunks;
     int64_t total_numel;     /* the padded parameter space (layout) */
     int64_t max_chunk_numel; /* the largest chunk: one gradient slot's elements */
-    bool keep_prev;          /* params16 holds two copies, versions by parity (plan_keep_prev) */
+    int params16_copies;     /* bf16 copies in params16 (plan_params16_copies): 0 when workers stream
+                              * the master, 2 with versions by parity (plan_keep_prev) */
     bool grads_direct;       /* the gradient accumulator heads the grads object in place of the slots,
                               * instead of following m and v in master (plan_grads_direct) */
     bool grads_bf16;         /* that accumulator holds bf16 (plan_grads_bf16) */
@@ -425,9 +427,12 @@ struct job_shm {
     void *regions[4];                                /* internal: struct shm_region per object */
 };
 
+/* JOB_MAP_PARAMS_RO: the weights workers read: params16, or when they stream the master
+ * (plan_streams_master) the master weights alone, read-only (s->master). JOB_MAP_PARAMS_RW: params16
+ * (the optimizers; nothing when there is no copy). */
 enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MASTER = 8, JOB_MAP_GRADS = 16 };
 /* Whether a ctl header describes itself consistently: magic and version, then its choices
- * (keep_prev, grads_direct, grads_bf16, windows) and every table offset and size as ctl_shape_of
+ * (the weights source, keep_prev, grads_direct, grads_bf16, windows) and every table offset and size as ctl_shape_of
  * and ctl_compute_sizes give them for the header's job, plan and layout counts, within the ctl
  * object's size (ctl_bytes); 0 or -1 with the reason. Checked before any offset is used. */
 int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *name);

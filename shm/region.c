@@ -38,7 +38,9 @@ int shm_region_create(struct shm_region *r, const char *name, size_t size)
     return 0;
 }
 
-int shm_region_attach(struct shm_region *r, const char *name, bool writable)
+/* Opens and checks the object, then maps its first `head` bytes (0: all of it); with `expect` > 0 the
+ * object must be exactly that large. */
+static int attach(struct shm_region *r, const char *name, bool writable, size_t expect, size_t head)
 {
     memset(r, 0, sizeof *r);
     snprintf(r->name, sizeof r->name, "%s", name);
@@ -68,14 +70,30 @@ int shm_region_attach(struct shm_region *r, const char *name, bool writable)
         close(fd);
         return sd_err("shared memory %s is empty", name);
     }
-    void *p = mmap(NULL, (size_t)st.st_size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    if ((expect && (size_t)st.st_size != expect) || head > (size_t)st.st_size) {
+        close(fd);
+        return sd_err("shared memory %s is %lld bytes, its header says %zu; refusing to use it", name,
+                      (long long)st.st_size, expect ? expect : head);
+    }
+    size_t bytes = head ? head : (size_t)st.st_size;
+    void *p = mmap(NULL, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
         return sd_err("cannot map shared memory %s: %s", name, strerror(errno));
     r->base = p;
-    r->size = (size_t)st.st_size;
+    r->size = bytes;
     r->writable = writable;
     return 0;
+}
+
+int shm_region_attach(struct shm_region *r, const char *name, bool writable)
+{
+    return attach(r, name, writable, 0, 0);
+}
+
+int shm_region_attach_head(struct shm_region *r, const char *name, size_t object_bytes, size_t head_bytes)
+{
+    return attach(r, name, false, object_bytes, head_bytes);
 }
 
 void shm_region_detach(struct shm_region *r)

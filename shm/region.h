@@ -20,6 +20,9 @@ struct shm_region {
 int shm_region_create(struct shm_region *r, const char *name, size_t size);
 /* Maps an existing object (its whole size); refuses one that is not ours with mode 0600. */
 int shm_region_attach(struct shm_region *r, const char *name, bool writable);
+/* Maps only the first head_bytes of an existing object of object_bytes, read-only (the workers' view
+ * of the master weights at the head of the master object); the same checks. */
+int shm_region_attach_head(struct shm_region *r, const char *name, size_t object_bytes, size_t head_bytes);
 void shm_region_detach(struct shm_region *r);
 /* Removes the object's name; mappings stay valid until detached. 0 also when it did not exist. */
 int shm_region_unlink(const char *name);

@@ -36,11 +36,13 @@ void write_job_as(const struct variant *v, const char *name, int steps, const ch
              "[model]\npath = %s\ninit = random\n"
              "[data]\ntrain = ../data/train.bin\nseq_len = 64\n%s"
              "[train]\nmicro_batch = 4\ngrad_accum = %d\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
-             "grad_clip = %s\nseed = 7\n"
+             "grad_clip = %s\nseed = 7\n%s"
              "[checkpoint]\ndir = ckpt\nexport_dtype = fp32\n%s\n"
-             "[runtime]\ndevice = cpu\ngpus = %d\noptim_threads = 3\n%s%s"
+             "[runtime]\ndevice = cpu\ngpus = %d\noptim_threads = 3\nweights_source = %s\n%s%s"
              "[log]\ndir = log\nevery = 1000\n",
-             tu_src("examples/tiny-qwen3"), v->data ? v->data : "", v->grad_accum ? v->grad_accum : 2, steps, v->no_clip ? "0" : "1.0", extra, v->gpus ? v->gpus : 2, PINNED_PLAN, v->runtime);
+             tu_src("examples/tiny-qwen3"), v->data ? v->data : "", v->grad_accum ? v->grad_accum : 2, steps,
+             v->no_clip ? "0" : "1.0", v->train ? v->train : "", extra, v->gpus ? v->gpus : 2,
+             v->weights_source ? v->weights_source : "bf16_copy", PINNED_PLAN, v->runtime);
     snprintf(p, sizeof p, "%s/%s", jobs_dir, name);
     tu_rmrf(p);
     char cmd[1400];
@@ -171,6 +173,23 @@ void assert_same_weights(const char *name, const char *ref)
     char job[32];
     job_name_of(name, job, sizeof job);
     assert_int_equal(tu_shm_objects(job), 0);
+}
+
+void assert_crash_finishes_like(const struct variant *v, const char *name, int steps, const char *spec, const char *ref)
+{
+    write_job_as(v, name, steps, "");
+    int rc = run_job(name, spec);
+    printf("# %s: crash at %s -> exit %d\n", name, spec, rc);
+    if (rc != 0)
+        show_log(name);
+    assert_int_equal(rc, 0);
+    char logp[1300];
+    job_path(name, "launcher.log", logp, sizeof logp);
+    char *log = tu_read_file(logp, NULL);
+    if (!strstr(log, "died from signal 9"))
+        fail_msg("%s: no process died at %s", name, spec);
+    free(log);
+    assert_same_weights(name, ref);
 }
 
 int metrics_lines(const char *name, int *first, int *last)

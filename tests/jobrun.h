@@ -24,6 +24,9 @@ struct variant {
     int gpus;       /* 0: two */
     int grad_accum; /* 0: two */
     const char *data; /* extra [data] lines (validation) */
+    const char *train; /* extra [train] lines */
+    const char *weights_source; /* NULL: bf16_copy, so that what a test checks does not follow the
+                                 * planner's choice of source */
 };
 
 /* Makes jobs_dir (a scratch dir named after tag), its data (copy task: 2000 training and 64
@@ -49,6 +52,10 @@ void job_name_of(const char *name, char *out, size_t len);
 void assert_same_weights(const char *name, const char *ref);
 /* Waits for launcher pid to exit 0 (showing its log otherwise), then assert_same_weights. */
 void assert_finishes_like(pid_t pid, const char *name, const char *ref);
+/* A job of the variant killed at SLIDEDP_CRASH_AT=spec must exit 0 after its process died from
+ * signal 9 and been restarted, and end like ref (assert_same_weights). */
+void assert_crash_finishes_like(const struct variant *v, const char *name, int steps, const char *spec,
+                                const char *ref);
 /* metrics.jsonl's lines (each step once, in order from 1); first and last step. */
 int metrics_lines(const char *name, int *first, int *last);
 /* Waits until launcher `pid` runs the job and has logged step `logged`. */

@@ -693,6 +693,70 @@ static void test_cuda_vs_cpu(void **state)
 #endif
 }
 
+/* ---- streamed master weights: the device gets exactly the optimizers' bf16 rounding ---- */
+
+/* fetch_weights_f32_async of n fp32 weights (more than one staging piece on CUDA) round-trips to
+ * f32_to_bf16's bits, element by element: random values, halfway cases both ways, subnormals,
+ * infinities and NaN. */
+static void check_fetch_f32(struct backend *be)
+{
+    size_t n = ((size_t)9 << 20) + 37;
+    float *src = malloc(n * sizeof *src), *back = malloc(n * sizeof *back);
+    assert_non_null(src);
+    assert_non_null(back);
+    uint64_t rng = base_seed ^ 0x5eedull;
+    for (size_t i = 0; i < n; i++)
+        src[i] = (tu_uniform(&rng) - 0.5f) * 8.0f;
+    const uint32_t special[] = {0x3f808000u /* 1 + 2^-8: a tie, rounds down to even */,
+                                0x3f818000u /* 1 + 3*2^-8: a tie, rounds up to even */,
+                                0x00008000u /* subnormal tie */, 0x807fffffu /* largest negative subnormal */,
+                                0x7f7fffffu /* FLT_MAX rounds to inf */, 0x7f800000u, 0xff800000u,
+                                0x7fc00001u /* quiet NaN with payload */, 0xff812345u /* signalling NaN */};
+    for (size_t k = 0; k < sizeof special / sizeof special[0]; k++)
+        memcpy(&src[k * 1000003 % n], &special[k], 4);
+    void *dev = be->ops->alloc(be, n * be_dtype_size(be->weight_dtype));
+    assert_non_null(dev);
+    assert_int_equal(be->ops->register_host(be, src, n * sizeof *src, true), 0);
+    be->ops->fetch_weights_f32_async(be, 1, dev, src, n);
+    be->ops->wait_weights(be, 1);
+    be->ops->download_f32(be, back, dev, be->weight_dtype, n);
+    be->ops->unregister_host(be, src);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = bf16_to_f32(f32_to_bf16(src[i]));
+        wrong += memcmp(&want, &back[i], 4) != 0;
+    }
+    printf("# %s: %zu of %zu streamed weights differ from f32_to_bf16\n", be->ops->name, wrong, n);
+    assert_int_equal(wrong, 0);
+    be->ops->free(be, dev);
+    free(src);
+    free(back);
+}
+
+static void test_fetch_f32_cpu(void **state)
+{
+    struct backend cpu;
+    assert_int_equal(backend_cpu_init(&cpu), 0);
+    check_fetch_f32(&cpu);
+    backend_cpu_free(&cpu);
+}
+
+static void test_fetch_f32_cuda(void **state)
+{
+#ifdef SD_HAVE_CUDA
+    struct backend cuda;
+    if (backend_cuda_init(&cuda, 0, (size_t)1 << 30) != 0) {
+        printf("# cuda backend not available: skipped (%s)\n", sd_errmsg());
+        skip();
+    }
+    check_fetch_f32(&cuda);
+    backend_cuda_free(&cuda);
+#else
+    printf("# cuda backend not available: skipped (not built)\n");
+    skip();
+#endif
+}
+
 /* ---- the harness must fail on broken ops: a CPU backend with deliberately wrong members ---- */
 
 static const struct backend_ops *real;
@@ -818,6 +882,8 @@ int main(void)
         cmocka_unit_test(test_harness_detects_damage),
         cmocka_unit_test(test_cpu_vs_cpu),
         cmocka_unit_test(test_cuda_vs_cpu),
+        cmocka_unit_test(test_fetch_f32_cpu),
+        cmocka_unit_test(test_fetch_f32_cuda),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

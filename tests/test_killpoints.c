@@ -27,8 +27,8 @@
 #define EXTRA "every = 4"
 #define VAL "val = ../data/val.bin\nval_every = 4\nval_sequences = 16\n"
 
-static const struct variant host_slots = {"cpu", "accumulate_on_device = false\n", false, 0, 3, VAL};
-static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false, 0, 3, VAL};
+static const struct variant host_slots = {"cpu", "accumulate_on_device = false\n", false, 0, 3, VAL, NULL, NULL};
+static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false, 0, 3, VAL, NULL, NULL};
 
 /* The processes: the launcher, workers 0 and 1, optimizers 0 and 1. */
 #define PROCS 5

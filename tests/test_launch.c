@@ -69,7 +69,8 @@ static void proc_comm(int pid, char *out, size_t len)
 }
 
 /* While the job runs: every worker and optimizer is its own process with the expected program,
- * workers map params16 read-only and never map master; optimizers map master. */
+ * workers map the weights they stream read-only (params16, never master; or, streaming the master,
+ * master and no params16 exists); optimizers map master read-write. */
 static void inspect_running_job(const char *job_name, int gpus, pid_t launcher)
 {
     struct job_shm shm;
@@ -93,11 +94,16 @@ static void inspect_running_job(const char *job_name, int gpus, pid_t launcher)
         proc_comm(pid, comm, sizeof comm);
         printf("# worker %d: pid %d comm '%s'\n", r, pid, comm);
         assert_string_equal(comm, "slidedp-worker");
-        mapping_perms(pid, params_obj, perms);
-        printf("# worker %d: pid %d, params16 mapped %s\n", r, pid, perms);
+        /* the weights they stream: params16, or the master (then only its weights, and no params16 exists) */
+        bool master = plan_streams_master(&h->plan);
+        mapping_perms(pid, master ? master_obj : params_obj, perms);
+        printf("# worker %d: pid %d, %s mapped %s\n", r, pid, master ? "master" : "params16", perms);
         assert_string_equal(perms, "r--s");
-        mapping_perms(pid, master_obj, perms);
-        assert_string_equal(perms, "");
+        if (!master) {
+            mapping_perms(pid, master_obj, perms);
+            assert_string_equal(perms, "");
+        }
+        assert_int_equal(access(params_obj, F_OK) == 0, !master);
     }
     for (int k = 0; k < h->optim_procs; k++) {
         int pid = atomic_load(&ctl_proc(h, PROC_OPTIM, k)->pid);

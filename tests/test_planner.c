@@ -2,8 +2,8 @@
  * gradient bytes per step for a chunk cache depth and for the peer routes, device and host memory
  * of a small config, the switch to recomputing layers as gpu_mem shrinks, the "nothing fits" error
  * with the smallest budget, job.ini choices honoured, the routes chosen for simulated 4-GPU
- * hosts with and without P2P, and the Qwen3-8B shape's host bytes per parameter and largest fitting
- * model in both optimizer_state modes. A fixed calibration, so no timing is involved. */
+ * hosts with and without P2P, the Qwen3-8B shape's host bytes per parameter and largest fitting
+ * model in both optimizer_state modes, and the choice between the bf16 copy and the streamed master. A fixed calibration, so no timing is involved. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -76,6 +76,7 @@ static struct job_config job_of(int device, int gpus, int mb, int T, int accum)
     j.micro_batch = mb;
     j.seq_len = T;
     j.grad_accum = accum;
+    j.weights_source = WEIGHTS_BF16_COPY; /* the choice of source is test_weights_source's subject */
     return j;
 }
 
@@ -138,6 +139,7 @@ static struct plan hand_plan(int lpc, int buffers, int slots, int procs, int mod
     p.param_route = PARAMS_REPLICATED;
     p.grad_route = GRADS_CPU;
     p.logits_rows = 16;
+    p.weights_source = WEIGHTS_BF16_COPY;
     memset(p.keep_acts, 1, sizeof p.keep_acts);
     return p;
 }
@@ -207,6 +209,21 @@ static void test_bytes_per_pass(void **state)
     assert_true(fabs(pred.p2p_bytes - (5 * total * 4.0 / 2 + total * 2.0 / 2)) < 1);
     printf("# 2 ranks, both peer routes: %.0f bytes in, %.0f out, %.0f over the peer link per rank and step\n",
            pred.h2d_bytes, pred.d2h_bytes, pred.p2p_bytes);
+    layout_free(&lay);
+    /* streaming the fp32 master: each rank pulls 4 bytes per parameter of its half from the host,
+     * the peers still exchange bf16, and the optimizers write no bf16 copy (28 bytes, not 30) */
+    p.weights_source = WEIGHTS_MASTER;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_true(fabs(pred.h2d_bytes - total * 4.0 / 2) < 1);
+    assert_true(fabs(pred.p2p_bytes - (5 * total * 4.0 / 2 + total * 2.0 / 2)) < 1);
+    assert_true(fabs(pred.optim_bytes - (4.0 + 28.0) * total) < 1);
+    layout_free(&lay);
+    /* one rank, replicated: the whole master crosses once per step */
+    job.gpus = 1;
+    p.param_route = PARAMS_REPLICATED;
+    p.grad_route = GRADS_CPU;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_true(fabs(pred.h2d_bytes - total * 4.0) < 1);
     layout_free(&lay);
 }
 
@@ -281,6 +298,16 @@ static void test_memory_footprint(void **state)
     assert_int_equal(hm.grads, total * 2);
     assert_int_equal(hm.params16 + hm.master + hm.grads, total * 16 + staging);
     layout_free(&lay);
+    /* streaming the master instead: no params16, 14 bytes per parameter; 32 MiB more device memory
+     * for the fp32 staging */
+    int64_t workspace = gm.workspace;
+    p.weights_source = WEIGHTS_MASTER;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
+    assert_int_equal(hm.params16, 0);
+    assert_int_equal(hm.params16 + hm.master + hm.grads, total * 14 + staging);
+    assert_int_equal(gm.workspace, workspace + (32 << 20));
+    layout_free(&lay);
+    p.weights_source = WEIGHTS_BF16_COPY;
     job.grad_dtype = GRAD_FP32;
     job.gpus = 2;
     p.update_mode = UPDATE_DURING_BACKWARD;
@@ -340,18 +367,24 @@ static int kept_of(const struct plan *p, int L)
     return k;
 }
 
-/* The Qwen3-8B shape (config.json of Qwen/Qwen3-8B; examples/qwen3-8b) on one GPU with bf16 gradients,
- * as the byte targets of issue 19 price it: host bytes per parameter in both optimizer_state modes,
- * with clipping (updates after the backward, one bf16 copy) and without (during the backward, two),
- * and the largest model of its shape (more layers) that fits a 120 GiB host in each mode. */
-static void test_host_bytes_per_param_qwen3_8b(void **state)
+/* The Qwen3-8B shape (config.json of Qwen/Qwen3-8B; examples/qwen3-8b). */
+static struct model_config qwen3_8b(void)
 {
-    struct model_config cfg = config_of(
+    return config_of(
         "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":151936,"
         "\"hidden_size\":4096,\"intermediate_size\":12288,\"num_hidden_layers\":36,\"num_attention_heads\":32,"
         "\"num_key_value_heads\":8,\"head_dim\":128,\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-6,"
         "\"rope_theta\":1000000,\"tie_word_embeddings\":false}",
         "qwen3-8b");
+}
+
+/* The Qwen3-8B shape on one GPU with bf16 gradients, as the byte targets of issue 19 price it, on a
+ * 120 GiB host: host bytes per parameter in both optimizer_state modes, with clipping and without,
+ * with the weights source the planner picks and with the bf16 copy forced (one copy after the
+ * backward, two during it), and the largest model of its shape (more layers) that fits in each mode. */
+static void test_host_bytes_per_param_qwen3_8b(void **state)
+{
+    struct model_config cfg = qwen3_8b();
     /* by hand: q, o 4096x4096; k, v 1024x4096; gate, up, down 12288x4096; two norms of 4096 and
      * q_norm, k_norm of 128; embedding and LM head 151936x4096 each, the final norm */
     int64_t per_layer = 2 * 4096LL * 4096 + 2 * 1024LL * 4096 + 3 * 12288LL * 4096 + 2 * 4096 + 2 * 128;
@@ -363,36 +396,50 @@ static void test_host_bytes_per_param_qwen3_8b(void **state)
     cal.mem_available = (int64_t)120 << 30;
     struct job_config job = job_of(DEVICE_CUDA, 1, 2, 4096, 1);
     job.grad_dtype = GRAD_BF16;
-    /* params16 2 (4 with both parities), master 4, m and v 4 + 4 or 2 + 2, the bf16 accumulator 2 */
-    static const double expect[2][2] = {{16, 12}, {18, 14}}; /* [no clipping][optimizer_state] */
-    for (int no_clip = 0; no_clip < 2; no_clip++) {
+    /* params16 2 (4 with both parities, 0 streaming the master), master 4, m and v 4 + 4 or 2 + 2,
+     * the bf16 accumulator 2. [case][optimizer_state]: clipping, auto source (the copy's 16 bytes
+     * do not fit 120 GiB in fp32 state; in bf16 state the master is as fast or faster); clipping,
+     * copy forced; no clipping, auto (during the backward the copy needs both parities); no
+     * clipping, during the backward forced (so the copy) */
+    static const double expect[4][2] = {{14, 10}, {16, 12}, {14, 10}, {18, 14}};
+    static const int source[4] = {WEIGHTS_AUTO, WEIGHTS_BF16_COPY, WEIGHTS_AUTO, WEIGHTS_AUTO};
+    /* the largest model of the shape streams the master unless the copy or during_backward is forced */
+    static const double largest_expect[4][2] = {{14, 10}, {16, 12}, {14, 10}, {18, 14}};
+    for (int k = 0; k < 4; k++) {
         double optim_bytes[2];
+        bool no_clip = k >= 2;
         for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
             job.grad_clip = no_clip ? 0 : 1.0;
-            job.update_mode = no_clip ? UPDATE_DURING_BACKWARD : UPDATE_AUTO;
+            job.update_mode = k == 3 ? UPDATE_DURING_BACKWARD : UPDATE_AUTO;
+            job.weights_source = (enum weights_source)source[k];
             job.optimizer_state = (enum optimizer_state)st;
             struct plan p;
             struct plan_info info;
             assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
             double bpp = (double)info.host.total / (double)params;
-            printf("# %s, optimizer_state %s: %.4f host bytes per parameter; largest fitting %d layers (fp32 "
-                   "state) and %d (bf16 state)\n",
-                   no_clip ? "no clipping" : "clipping", st ? "bf16" : "fp32", bpp,
-                   info.state_modes[0].largest_layers, info.state_modes[1].largest_layers);
+            printf("# case %d (%s, source %s), optimizer_state %s: %s, %s; %.4f host bytes per parameter; largest "
+                   "fitting %d layers (fp32 state) and %d (bf16 state); %s\n",
+                   k, no_clip ? "no clipping" : "clipping", source[k] ? "forced" : "auto", st ? "bf16" : "fp32",
+                   plan_weights_source_name(p.weights_source),
+                   p.update_mode == UPDATE_DURING_BACKWARD ? "during" : "after", bpp,
+                   info.state_modes[0].largest_layers, info.state_modes[1].largest_layers, info.source_reason);
             /* layout padding (chunks aligned to 2048 elements) and the ctl region: well under 0.01 */
-            assert_true(bpp >= expect[no_clip][st] && bpp < expect[no_clip][st] + 0.01);
+            assert_true(bpp >= expect[k][st] && bpp < expect[k][st] + 0.01);
+            assert_true(plan_streams_master(&p) == (info.host.params16 == 0));
+            assert_true(!plan_streams_master(&p) || p.update_mode == UPDATE_AFTER_BACKWARD);
             assert_true(info.state_modes[st].host_bytes == info.host.total);
             optim_bytes[st] = info.pred.optim_bytes;
             for (int m = 0; m < 2; m++) {
                 const struct plan_state_mode *sm = &info.state_modes[m];
-                assert_true(fabs(sm->bytes_per_param - expect[no_clip][m]) < 0.01);
                 /* the largest: its parameters by hand, it fits, and one layer more (at least its
                  * bytes per parameter times a layer) would not */
                 int L = sm->largest_layers;
                 assert_true(L > 0 && !sm->largest_capped);
                 assert_int_equal(sm->largest_params, outside + L * per_layer);
+                assert_true(fabs((double)sm->largest_host_bytes / (double)sm->largest_params - largest_expect[k][m]) <
+                            0.01);
                 assert_true(sm->largest_host_bytes <= cal.mem_available);
-                assert_true(sm->largest_host_bytes + (int64_t)(expect[no_clip][m] * (double)per_layer) >
+                assert_true(sm->largest_host_bytes + (int64_t)(largest_expect[k][m] * (double)per_layer) >
                             cal.mem_available);
             }
         }
@@ -400,8 +447,106 @@ static void test_host_bytes_per_param_qwen3_8b(void **state)
         double saved = (optim_bytes[0] - optim_bytes[1]) / (double)params;
         printf("# optimizer bytes per parameter: fp32 state %.3f, bf16 state %.3f\n", optim_bytes[0] / (double)params,
                optim_bytes[1] / (double)params);
-        assert_true(saved >= 8 && saved < 8.01);
+        assert_true(fabs(saved - 8) < 0.01);
     }
+}
+
+/* A host from a description file in examples/, for `ranks` ranks. */
+static struct topology host_of(const char *example, int ranks)
+{
+    struct topology host, t;
+    if (topology_load(tu_src(example), &host) != 0)
+        fail_msg("%s", sd_errmsg());
+    topology_for_ranks(&host, ranks, &t);
+    return t;
+}
+
+/* The weights source: on a host with memory to spare and an optimizer far faster than the link,
+ * streaming the master doubles the bytes that bound the step, so the copy is taken as faster; when
+ * the copy does not fit the host's memory, the master is; job.ini's choice is honoured, and master
+ * with updates during the backward is refused. */
+static void test_weights_source(void **state)
+{
+    struct model_config cfg = medium();
+    struct job_config job = job_of(DEVICE_CUDA, 1, 1, 128, 1);
+    job.weights_source = WEIGHTS_AUTO;
+    struct calib cal = test_calib();
+    cal.host.memcpy_bw = (struct calib_curve){2, {1, 8}, {400e9, 1600e9}};
+    cal.host.adamw_rate = (struct calib_curve){2, {1, 8}, {50e9, 200e9}};
+    struct plan p;
+    struct plan_info info;
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
+    printf("# link-bound, 1 TiB host: %s (%s)\n", plan_weights_source_name(p.weights_source), info.source_reason);
+    assert_int_equal(p.weights_source, WEIGHTS_BF16_COPY);
+    assert_int_equal(info.num_sources, 2);
+    assert_int_equal(info.sources[1].source, WEIGHTS_MASTER);
+    assert_true(info.sources[0].step_s < info.sources[1].step_s * 0.998);
+    assert_non_null(strstr(info.source_reason, "faster"));
+    int64_t copy_host = info.sources[0].host_bytes, master_host = info.sources[1].host_bytes;
+    assert_true(info.host.params16 > 0 && copy_host - master_host == info.host.params16);
+
+    /* where the optimizers bound the step, the master is not slower (and saves the copy); with
+     * eight GPUs on the same host each pulls the master over its link, so the transfers' share of
+     * host memory traffic grows by eight times 2 bytes per parameter while the copy costs the
+     * optimizers 2 bytes once: the master's lead shrinks */
+    struct calib slow_host = test_calib();
+    struct job_config shared = job_of(DEVICE_CUDA, 1, 4, 1024, 1);
+    shared.weights_source = WEIGHTS_AUTO;
+    double lead[2];
+    for (int i = 0; i < 2; i++) {
+        shared.gpus = i ? 8 : 1;
+        assert_int_equal(plan_no_p2p(&shared, &cfg, &slow_host, &p, &info), 0);
+        lead[i] = info.sources[0].step_s / info.sources[1].step_s;
+        printf("# %d GPU(s), slow host memory: %s, the copy's step %.3fx the master's (%s)\n", shared.gpus,
+               plan_weights_source_name(p.weights_source), lead[i], info.source_reason);
+        assert_int_equal(p.weights_source, WEIGHTS_MASTER);
+    }
+    assert_true(lead[1] < lead[0]);
+    /* the Qwen3-14B shape on four 80 GiB GPUs with P2P (8 micro-steps of one sequence) on a host
+     * whose memory and optimizers keep up: the links bound the step, so the copy's half of their
+     * bytes is faster, and the planner says so */
+    struct model_config q14;
+    assert_int_equal(model_config_load(tu_src("examples/qwen3-14b/config.json"), &q14), 0);
+    struct topology p2p = host_of("examples/topology-4gpu-p2p.ini", 4);
+    struct job_config four = job_of(DEVICE_CUDA, 4, 1, 4096, 8);
+    four.weights_source = WEIGHTS_AUTO;
+    four.gpu_mem = (int64_t)80 << 30;
+    struct calib big_host = cal; /* the fast host above */
+    assert_int_equal(plan_choose(&four, &q14, &big_host, &p2p, 8, &p, &info), 0);
+    printf("# 14B, 4 x 80 GiB with P2P: %s (%s)\n", plan_weights_source_name(p.weights_source), info.source_reason);
+    assert_int_equal(p.weights_source, WEIGHTS_BF16_COPY);
+    assert_non_null(strstr(info.source_reason, "the bf16 copy is faster"));
+
+    /* a host between the two: only the master fits */
+    cal.mem_available = (master_host + copy_host) / 2;
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
+    printf("# link-bound, %.2f GiB host: %s (%s)\n", cal.mem_available / 1073741824.0,
+           plan_weights_source_name(p.weights_source), info.source_reason);
+    assert_int_equal(p.weights_source, WEIGHTS_MASTER);
+    assert_int_equal(p.update_mode, UPDATE_AFTER_BACKWARD);
+    assert_true(info.host_fits && info.host.params16 == 0);
+    assert_false(info.sources[0].host_fits);
+    assert_non_null(strstr(info.source_reason, "does not fit host memory"));
+
+    /* job.ini's choice, also where the other would win; without clipping the master still updates
+     * after the backward */
+    cal.mem_available = (int64_t)1 << 40;
+    job.weights_source = WEIGHTS_MASTER;
+    job.grad_clip = 0;
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
+    assert_int_equal(p.weights_source, WEIGHTS_MASTER);
+    assert_int_equal(p.update_mode, UPDATE_AFTER_BACKWARD);
+    assert_int_equal(info.num_sources, 1);
+    assert_non_null(strstr(info.source_reason, "set in job.ini"));
+    job.update_mode = UPDATE_DURING_BACKWARD;
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), -1);
+    printf("# %s\n", sd_errmsg());
+    assert_non_null(strstr(sd_errmsg(), "weights_source = master needs update_mode = after_backward"));
+    /* during the backward with the source left to the planner: the copy */
+    job.weights_source = WEIGHTS_AUTO;
+    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
+    assert_int_equal(p.weights_source, WEIGHTS_BF16_COPY);
+    assert_int_equal(p.update_mode, UPDATE_DURING_BACKWARD);
 }
 
 static void test_recompute_as_memory_shrinks(void **state)
@@ -596,15 +741,6 @@ static void test_bottleneck(void **state)
     assert_true(p.predicted_step_s >= p.predicted_compute_s && p.predicted_step_s < 1.5 * p.predicted_compute_s);
 }
 
-/* A host from a description file in examples/, for `ranks` ranks. */
-static struct topology host_of(const char *example, int ranks)
-{
-    struct topology host, t;
-    if (topology_load(tu_src(example), &host) != 0)
-        fail_msg("%s", sd_errmsg());
-    topology_for_ranks(&host, ranks, &t);
-    return t;
-}
 
 static const char *routes_name(int param_route, int grad_route)
 {
@@ -764,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_routes_from_topology),
         cmocka_unit_test(test_route_rules),
         cmocka_unit_test(test_host_bytes_per_param_qwen3_8b),
+        cmocka_unit_test(test_weights_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -46,6 +46,7 @@ static void make_state(void)
                               .num_chunks = 2,
                               .total_numel = 4096,
                               .max_chunk_numel = 2048,
+                              .params16_copies = 1,
                               .optimizer_state = OPTIM_STATE_FP32};
     struct ctl_sizes sz;
     assert_int_equal(ctl_compute_sizes(&shape, &sz), 0);
@@ -65,6 +66,8 @@ static void make_state(void)
     h->job.grad_accum = 3;
     h->optim_procs = h->plan.optim_procs = 1;
     h->plan.optim_threads = 2;
+    h->plan.weights_source = WEIGHTS_BF16_COPY;
+    h->plan.update_mode = UPDATE_AFTER_BACKWARD;
     h->grad_slots = h->plan.grad_slots = 4;
     h->num_tensors = 5;
     h->num_chunks = 2;

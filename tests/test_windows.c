@@ -18,14 +18,14 @@
 #include "shm/futex.h"
 
 /* Three micro-steps (the saved losses of the first two cannot cover a lagging poster). */
-static const struct variant accum3 = {"a3", "accumulate_on_device = false\n", false, 0, 3, NULL};
+static const struct variant accum3 = {"a3", "accumulate_on_device = false\n", false, 0, 3, NULL, NULL, NULL};
 /* The same with validation every 16 steps. */
 static const struct variant validating = {"val", "accumulate_on_device = false\n", false, 0, 3,
-                                          "val = ../data/val.bin\nval_every = 16\nval_sequences = 32\n"};
+                                          "val = ../data/val.bin\nval_every = 16\nval_sequences = 32\n", NULL, NULL};
 /* The same with a watchdog of 10 s (stalls show after 5). */
-static const struct variant watched = {"wd", "accumulate_on_device = false\nwatchdog_s = 10\n", false, 0, 3, NULL};
+static const struct variant watched = {"wd", "accumulate_on_device = false\nwatchdog_s = 10\n", false, 0, 3, NULL, NULL, NULL};
 /* Sharded parameters and GPU-side gradients through shared memory: workers restart together. */
-static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false, 0, 3, NULL};
+static const struct variant exchanging = {"xchg", "param_route = sharded\ngrad_route = gpu\n", false, 0, 3, NULL, NULL, NULL};
 
 /* Runs the job once with the fault spec (the launcher is expected to die from it when
  * launcher_dies), then again without, which must finish like the reference run. */

@@ -51,12 +51,17 @@ struct backend_ops {
 
     /* ---- streaming (docs/design.md §6.1) ---- */
     /* Makes the host memory [p, p+bytes) usable for async DMA (cudaHostRegister). read_only for
-     * params16, which workers map PROT_READ. No-op on the CPU backend. */
+     * the weights workers stream (params16 or the master), which they map PROT_READ. No-op on the
+     * CPU backend. */
     int (*register_host)(struct backend *be, void *p, size_t bytes, bool read_only);
     void (*unregister_host)(struct backend *be, void *p);
     /* Starts copying n bf16 weights from registered host memory into the device weight buffer dst
      * (converted to weight_dtype), after which compute work queued by wait_weights(slot) may run. */
     void (*fetch_weights_async)(struct backend *be, int slot, void *dst, const uint16_t *src_host, size_t n);
+    /* The same from n fp32 weights (the master, when workers stream it: docs/design.md §4.3), each
+     * rounded to bf16 by common/bf16.h f32_to_bf16 on the device, so dst holds what fetching the
+     * optimizers' bf16 copy would give, bit for bit. */
+    void (*fetch_weights_f32_async)(struct backend *be, int slot, void *dst, const float *src_host, size_t n);
     /* Makes the compute stream wait for the slot's last fetch. */
     void (*wait_weights)(struct backend *be, int slot);
     /* Starts copying n fp32 gradients from device dst to registered host memory, after the

@@ -311,7 +311,11 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     w->be.deterministic = h->job.deterministic;
     snprintf(w->slot->device_name, sizeof w->slot->device_name, "%s", w->be.device_name);
     w->slot->peak_flops = w->be.peak_flops;
-    if (w->be.ops->register_host(&w->be, w->shm.params16, (size_t)h->params16_bytes, true) != 0 ||
+    /* the weights the workers stream (mapped read-only): params16, or the master alone */
+    bool master = plan_streams_master(&h->plan);
+    if (w->be.ops->register_host(&w->be, master ? (void *)w->shm.master : (void *)w->shm.params16,
+                                 master ? (size_t)h->total_numel * sizeof(float) : (size_t)h->params16_bytes,
+                                 true) != 0 ||
         w->be.ops->register_host(&w->be, w->shm.grads, (size_t)h->grads_bytes, false) != 0)
         return -1;
 

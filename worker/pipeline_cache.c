@@ -1,6 +1,7 @@
 /* The worker's chunk cache (worker/pipeline_internal.h): device buffers holding (chunk, version)
- * pairs, filled from params16 (or gathered from the peers' windows when parameters are sharded),
- * evicted as worker/chunk_cache.h says, and the model's weights callbacks over it. */
+ * pairs, filled from params16 or the streamed master (or gathered from the peers' windows when
+ * parameters are sharded), evicted as worker/chunk_cache.h says, and the model's weights callbacks
+ * over it. */
 #include "pipeline_internal.h"
 
 #include <stdio.h>
@@ -9,13 +10,14 @@
 #include "common/err.h"
 #include "shm/futex.h"
 
-/* Waits until version need of chunk c is readable and returns where it is (shm/ctl.h
- * job_params16_of). Updating during the backward, a worker redoing a step after a crash may find
- * the chunk one version further: the copy of the other parity still holds the one it needs. */
-const uint16_t *wait_version(struct worker *w, int c)
+/* Waits until version need of chunk c is readable. Updating during the backward, a worker redoing a
+ * step after a crash may find the chunk one version further: the bf16 copy of the other parity
+ * still holds the one it needs (shm/ctl.h job_params16_of). Streaming the master there is no such
+ * case: the master is updated in place, so its plans update after the backward (docs/design.md
+ * §4.5). */
+void wait_version(struct worker *w, int c)
 {
     struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
-    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
     uint64_t t0 = clock_ns();
     uint32_t prev_phase = UINT32_MAX;
     for (;;) {
@@ -36,15 +38,25 @@ const uint16_t *wait_version(struct worker *w, int c)
     if (prev_phase != UINT32_MAX)
         set_phase(w, (int)prev_phase);
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
-    return job_params16_of(&w->shm, w->need_version) + ch->offset;
+}
+
+void fetch_weights(struct worker *w, int slot, void *dst, int c, int64_t lo, int64_t n)
+{
+    size_t at = (size_t)(ctl_chunks(w->ctl)[c].offset + lo);
+    if (plan_streams_master(&w->ctl->plan)) {
+        w->be.ops->fetch_weights_f32_async(&w->be, slot, dst, w->shm.master + at, (size_t)n);
+        atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)n * 4, memory_order_relaxed);
+    } else {
+        w->be.ops->fetch_weights_async(&w->be, slot, dst, job_params16_of(&w->shm, w->need_version) + at, (size_t)n);
+        atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)n * 2, memory_order_relaxed);
+    }
 }
 
 /* Copies version need_version of chunk c from the host into cache entry i's buffer. */
-static void cache_fill(struct worker *w, int i, int c, const uint16_t *src)
+static void cache_fill(struct worker *w, int i, int c)
 {
-    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
-    w->be.ops->fetch_weights_async(&w->be, i, w->cache_dev[i], src, (size_t)ch->numel);
-    atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)ch->numel * 2, memory_order_relaxed);
+    wait_version(w, c);
+    fetch_weights(w, i, w->cache_dev[i], c, 0, ctl_chunks(w->ctl)[c].numel);
 }
 
 /* Brings chunk c at the pass's version into cache entry i. */
@@ -66,7 +78,7 @@ static void fetch_chunk(struct worker *w, int i, int c)
         /* else read again later in the pass (the cache could not keep it): straight from the host */
     }
     if (!gathered)
-        cache_fill(w, i, c, wait_version(w, c));
+        cache_fill(w, i, c);
     chunk_cache_fill(&w->cache, i, c, w->need_version);
 }
 

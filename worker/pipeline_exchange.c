@@ -86,10 +86,9 @@ static size_t weight_size(const struct worker *w)
  * waits for the copy. */
 static void stage_weights(struct worker *w, void *dst, int c, int64_t lo, int64_t n)
 {
-    const uint16_t *src = wait_version(w, c);
-    w->be.ops->fetch_weights_async(&w->be, w->cache.size, dst, src + lo, (size_t)n);
+    wait_version(w, c);
+    fetch_weights(w, w->cache.size, dst, c, lo, n);
     w->be.ops->synchronize(&w->be);
-    atomic_fetch_add_explicit(&w->slot->bytes_in, (uint64_t)n * 2, memory_order_relaxed);
 }
 
 /* Sharded parameters: the first read of a (chunk, version), which every rank makes in the same

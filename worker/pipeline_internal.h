@@ -93,7 +93,11 @@ uint32_t begin_wait(struct worker *w, int phase);
 void bail_if_stopped(struct worker *w);
 
 /* pipeline_cache.c: the chunk cache and the model's weights callbacks */
-const uint16_t *wait_version(struct worker *w, int c);
+void wait_version(struct worker *w, int c);
+/* Starts copying elements [lo, lo+n) of chunk c at the pass's version into device memory dst on
+ * transfer slot `slot`: from params16, or from the master rounded to bf16 on the way
+ * (plan_streams_master); counts the bytes read. */
+void fetch_weights(struct worker *w, int slot, void *dst, int c, int64_t lo, int64_t n);
 const void *io_weights(void *ctx, int c, int next);
 void io_release(void *ctx, int c);
 

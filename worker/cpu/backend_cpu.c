@@ -106,6 +106,14 @@ static void cpu_fetch_weights_async(struct backend *be, int slot, void *dst, con
     bf16_to_f32_n(dst, src_host, n);
 }
 
+static void cpu_fetch_weights_f32_async(struct backend *be, int slot, void *dst, const float *src_host, size_t n)
+{
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    float *out = dst;
+    for (size_t i = 0; i < n; i++)
+        out[i] = f32_round_bf16(src_host[i]);
+}
+
 static void cpu_wait_weights(struct backend *be, int slot)
 {
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
@@ -461,6 +469,7 @@ static const struct backend_ops cpu_ops = {
     .register_host = cpu_register_host,
     .unregister_host = cpu_unregister_host,
     .fetch_weights_async = cpu_fetch_weights_async,
+    .fetch_weights_f32_async = cpu_fetch_weights_f32_async,
     .wait_weights = cpu_wait_weights,
     .send_grads_async = cpu_send_grads_async,
     .send_grads_bf16_async = cpu_send_grads_bf16_async,

@@ -7,6 +7,7 @@
 
 #define STAGE_FLOATS ((size_t)4 << 20) /* 16 MiB of fp32 staging for conversions */
 #define GRAD_STAGE_ELEMS ((size_t)8 << 20) /* 16 MiB of bf16 staging for gradients sent in bf16 */
+#define WEIGHT_STAGE_FLOATS ((size_t)8 << 20) /* 32 MiB of fp32 staging for streamed master weights */
 #define LT_WORKSPACE ((size_t)32 << 20)
 
 /* ---- memory: every byte is counted against the budget ---- */
@@ -170,6 +171,29 @@ static void cu_fetch_weights_async(struct backend *be, int slot, void *dst, cons
     CUDA_CHECK(cudaEventRecord(cx->h2d_done[slot], cx->h2d));
 }
 
+/* Copied and rounded on the h2d stream through weight_stage in pieces: the stream's order keeps a
+ * piece's copy from overwriting the stage before the previous piece's rounding has read it. */
+static void cu_fetch_weights_f32_async(struct backend *be, int slot, void *dst, const float *src_host, size_t n)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
+    if (!cx->weight_stage) {
+        cx->weight_stage = (float *)budget_alloc(cx, WEIGHT_STAGE_FLOATS * sizeof(float), "weight staging");
+        if (!cx->weight_stage) {
+            fprintf(stderr, "%s\n", sd_errmsg());
+            abort();
+        }
+    }
+    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(cx->h2d, cx->compute_mark, 0));
+    for (size_t i = 0; i < n; i += WEIGHT_STAGE_FLOATS) {
+        size_t m = n - i < WEIGHT_STAGE_FLOATS ? n - i : WEIGHT_STAGE_FLOATS;
+        CUDA_CHECK(cudaMemcpyAsync(cx->weight_stage, src_host + i, m * sizeof(float), cudaMemcpyHostToDevice, cx->h2d));
+        cuda_round_weights_bf16(cx->h2d, (bf16 *)dst + i, cx->weight_stage, m);
+    }
+    CUDA_CHECK(cudaEventRecord(cx->h2d_done[slot], cx->h2d));
+}
+
 static void cu_wait_weights(struct backend *be, int slot)
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
@@ -270,6 +294,7 @@ static const struct backend_ops cuda_ops = {
     .register_host = cu_register_host,
     .unregister_host = cu_unregister_host,
     .fetch_weights_async = cu_fetch_weights_async,
+    .fetch_weights_f32_async = cu_fetch_weights_f32_async,
     .wait_weights = cu_wait_weights,
     .send_grads_async = cu_send_grads_async,
     .send_grads_bf16_async = cu_send_grads_bf16_async,

@@ -59,6 +59,7 @@ struct cuda_ctx {
     float *stage;                 /* fp32 staging for upload_f32/download_f32 */
     size_t stage_n;
     bf16 *grad_stage;             /* bf16 staging for send_grads_bf16_async, used on the d2h stream */
+    float *weight_stage;          /* fp32 staging for fetch_weights_f32_async on the h2d stream (on first use) */
     void *scratch;                /* per-op device scratch (partials, attention row terms) */
     size_t scratch_bytes;
 };
@@ -133,6 +134,8 @@ __device__ __forceinline__ float warp_sum(float x)
 /* elementwise.cu */
 void cuda_convert_f32_to_bf16(cudaStream_t st, bf16 *dst, const float *src, size_t n);
 void cuda_convert_bf16_to_f32(cudaStream_t st, float *dst, const bf16 *src, size_t n);
+/* dst(n) = common/bf16.h f32_to_bf16(src(n)), exactly the optimizers' rounding (fetch_weights_f32_async). */
+void cuda_round_weights_bf16(cudaStream_t st, bf16 *dst, const float *src, size_t n);
 void cuda_swiglu_fwd(struct backend *be, void *out, const void *gate, const void *up, size_t n);
 void cuda_swiglu_bwd(struct backend *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                      size_t n);

@@ -1,6 +1,8 @@
-/* Elementwise ops of the CUDA backend: SwiGLU forward/backward, in-place add, and the fp32<->bf16
- * conversions behind upload_f32/download_f32. 16-byte accesses when sizes and pointers allow. */
+/* Elementwise ops of the CUDA backend: SwiGLU forward/backward, in-place add, the fp32<->bf16
+ * conversions behind upload_f32/download_f32 and the streamed master weights' rounding. 16-byte accesses when sizes and pointers allow. */
 #include "cuda_common.cuh"
+
+#include "common/bf16.h"
 
 #define EW_THREADS 256
 
@@ -14,6 +16,13 @@ __global__ void convert_f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n
             v[k] = src[i + k];
         store_bf16<VEC>(dst + i, v);
     }
+}
+
+/* common/bf16.h's rounding, element by element: the optimizers' bf16 copy bit for bit (NaN too). */
+__global__ void round_weights_bf16_kernel(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = f32_to_bf16(src[i]);
 }
 
 template <int VEC>
@@ -99,6 +108,15 @@ void cuda_convert_f32_to_bf16(cudaStream_t st, bf16 *dst, const float *src, size
         convert_f32_to_bf16_kernel<8><<<cuda_blocks(n / 8, EW_THREADS), EW_THREADS, 0, st>>>(dst, src, n);
     else
         convert_f32_to_bf16_kernel<1><<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(dst, src, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void cuda_round_weights_bf16(cudaStream_t st, bf16 *dst, const float *src, size_t n)
+{
+    if (n == 0)
+        return;
+    round_weights_bf16_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(reinterpret_cast<uint16_t *>(dst),
+                                                                                  src, n);
     CUDA_CHECK(cudaGetLastError());
 }
 
