@@ -10,6 +10,7 @@
 #include "common/model_config.h"
 #include "common/plan.h"
 #include "common/topology.h"
+#include "launcher/hosts.h"
 #include "shm/ctl.h"
 #include "shm/region.h"
 
@@ -19,6 +20,7 @@ struct job_state {
     struct layout lay;
     struct plan plan;
     struct topology topo; /* found before planning (topology_for_job) */
+    struct hosts hosts;   /* several hosts under MPI: this one's place (count 1 without MPI) */
     char job_name[32];
     char config_json[JOB_PATH_MAX + 16];
     struct shm_region ctl_region, params16_region, master_region, grads_region;

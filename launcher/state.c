@@ -194,6 +194,14 @@ static int check_existing_state(const struct job_state *st)
     if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM))
         return sd_err("job %s (log.dir %s) is already running under launcher pid %d", st->job_name, st->job.log_dir,
                       pid);
+    if (!unfinished && st->hosts.count > 1) {
+        /* the other hosts went on without it: training continues from the newest checkpoint */
+        printf("slidedp: host %d: removing the shared state a dead launcher left (several hosts resume from "
+               "the checkpoint on disk)\n", st->hosts.index);
+        shm_region_unlink(name);
+        unlink_data_regions(st->job_name);
+        return 0;
+    }
     if (unfinished) {
         printf("slidedp: removing the shared state of a launcher that died while creating it (nothing was "
                "trained)\n");
@@ -289,6 +297,8 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->plan = st->plan;
     h->topo = st->topo;
     h->gpus = st->job.gpus;
+    h->hosts = st->hosts.count;
+    h->host_index = st->hosts.index;
     h->optim_procs = st->plan.optim_procs;
     h->grad_slots = st->plan.grad_slots;
     h->num_tensors = st->lay.num_tensors;
@@ -331,8 +341,11 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
         ctl_chunk_state(h, c)->owner = owner[c];
     free(owner);
     for (int r = 0; r < h->gpus; r++)
-        for (int k = 0; k < h->optim_procs; k++)
+        for (int k = 0; k < h->optim_procs; k++) {
             ring_init(ctl_ring(h, r, k));
+            /* the local optimizers take this host's gradients once the relay has sent them */
+            ctl_ring(h, r, k)->relay_gated = h->hosts > 1 && ctl_rank_is_local(h, r);
+        }
     for (int i = 0; i < h->gpus + h->optim_procs; i++)
         atomic_store(&((struct proc_slot *)((char *)h + h->off_procs))[i].generation, 1);
     uint32_t first = st->resumed_step + 1;
@@ -459,7 +472,7 @@ int state_create(struct job_state *st)
     struct data_set data;
     if (data_open(job->data_train, job->seq_len, st->cfg.vocab_size, job->shuffle, job->seed, &data) != 0)
         return sd_err_prefix("[data] train");
-    int64_t batch = (int64_t)job->gpus * job->grad_accum * job->micro_batch;
+    int64_t batch = (int64_t)st->hosts.count * job->gpus * job->grad_accum * job->micro_batch;
     if (data_check_targets(&data, job->steps, batch) != 0) {
         data_close(&data);
         return sd_err_prefix("[data] train %s", job->data_train);
@@ -472,6 +485,13 @@ int state_create(struct job_state *st)
     }
     if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
         return -1;
+    /* several hosts: host 0's plan for one host on every host, and the state shaped for every
+     * rank of the job (the relay posts the other hosts' gradients as theirs) */
+    if (hosts_share_plan(&st->hosts, &st->plan) != 0)
+        return -1;
+    if (st->hosts.count * job->gpus > JOB_MAX_GPUS)
+        return sd_err("%d hosts x %d GPUs exceed %d ranks", st->hosts.count, job->gpus, JOB_MAX_GPUS);
+    job->gpus *= st->hosts.count;
     if (layout_build(&st->cfg, st->plan.layers_per_chunk, &st->lay) != 0)
         return -1;
     struct hf_weights weights = {0};
@@ -489,7 +509,7 @@ int state_create(struct job_state *st)
                                keep_prev, plan_grads_direct(&st->plan, job->gpus, job->grad_accum),
                                plan_grads_bf16(&st->plan, job), job->optimizer_state, window_shm, &sz);
     st->window_shm_bytes = window_shm;
-    ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
+    ctl_host_job_name(job->log_dir, st->hosts.count, st->hosts.index, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);
     int existing = rc == 0 ? check_existing_state(st) : -1;
     if (existing == 1) {

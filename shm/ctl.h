@@ -21,7 +21,7 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 6
+#define CTL_VERSION 7
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -243,7 +243,9 @@ struct ctl_header {
     struct model_config model;
     struct plan plan;
 
-    int32_t gpus, optim_procs, grad_slots;
+    int32_t gpus, optim_procs, grad_slots; /* gpus: the job's ranks on every host (hosts x local ones) */
+    int32_t hosts, host_index;      /* several hosts (docs/design.md §12): this host runs ranks
+                                     * [host_index * gpus / hosts, (host_index + 1) * gpus / hosts) */
     int32_t num_tensors, num_chunks;
     int32_t first_step;             /* first step this run executes (1, or after a resume) */
     int64_t total_numel, max_chunk_numel, num_params;
@@ -321,6 +323,9 @@ void ctl_recycle_step(struct ctl_header *h, uint32_t s);
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len);
 /* The job name for a log directory (a stable hash, so a relaunch finds the same state). */
 void ctl_job_name(const char *log_dir, char *out, size_t len);
+/* The same for host host_index of a job on several hosts (so hosts sharing a machine never share
+ * an object): "<hash>-h<index>". */
+void ctl_host_job_name(const char *log_dir, int hosts, int host_index, char *out, size_t len);
 
 static inline struct tensor_desc *ctl_tensors(struct ctl_header *h)
 {
@@ -381,6 +386,20 @@ static inline uint64_t xchg_grad_key(const struct ctl_header *h, uint32_t step, 
 {
     return ((uint64_t)step * (uint64_t)h->job.grad_accum + a) * (uint64_t)h->num_chunks +
            (uint64_t)(h->num_chunks - 1 - c);
+}
+
+/* The first of this host's ranks and their count (all of them on one host). */
+static inline int ctl_local_first(const struct ctl_header *h)
+{
+    return h->host_index * (h->gpus / h->hosts);
+}
+static inline int ctl_local_ranks(const struct ctl_header *h)
+{
+    return h->gpus / h->hosts;
+}
+static inline bool ctl_rank_is_local(const struct ctl_header *h, int r)
+{
+    return r >= ctl_local_first(h) && r < ctl_local_first(h) + ctl_local_ranks(h);
 }
 
 /* The lowest published chunk version: every step up to it is committed. */
