@@ -289,10 +289,15 @@ static bool send_marks(struct relay *r, bool *progressed)
 }
 
 /* Posts a remote rank's gradient like its worker would: a free slot of the rank, the elements,
- * the slot marked posted, the descriptor pushed to the chunk's owner. False while no slot is free. */
+ * the slot marked posted, the descriptor pushed to the chunk's owner. False while no slot is free,
+ * or while step m->step - 1 is not committed here: a worker posts step s only after reading
+ * every chunk at version s - 1, and the optimizers rely on it (a host ahead of this one may send
+ * its next step's gradients earlier). */
 static bool post_remote_grad(struct relay *r, const struct relay_msg *m)
 {
     struct ctl_header *h = r->h;
+    if (ctl_committed_step(h) + 1 < m->step)
+        return false;
     for (int si = 0; si < h->grad_slots; si++) {
         struct slot_state *ss = ctl_slot(h, (int)m->rank, si);
         /* acquire: pairs with the optimizer's release when it frees the slot after reading it */
@@ -467,8 +472,10 @@ uint32_t relay_marked_step(struct relay *r)
     return atomic_load(&r->marked_step);
 }
 
-void relay_stop(struct relay *r)
+void relay_stop(struct relay *r, bool flush)
 {
+    if (!flush)
+        atomic_store(&r->failed, true); /* leaves at once: a lost host never completes its receives */
     atomic_store(&r->stop, true);
     pthread_join(r->thread, NULL);
     for (int rank = 0; rank < JOB_MAX_GPUS; rank++)

@@ -37,7 +37,7 @@ int relay_start(struct relay **out, struct job_shm *shm, const struct hosts *hos
 bool relay_failed(struct relay *r, char *why, size_t len);
 /* Every step up to this one has its local ranks' marks sent: the launcher may recycle its record. */
 uint32_t relay_marked_step(struct relay *r);
-/* Sends what is pending, stops the thread and frees it. */
-void relay_stop(struct relay *r);
+/* Stops the thread and frees it; with flush, after the sends in flight complete (bounded). */
+void relay_stop(struct relay *r, bool flush);
 
 #endif

@@ -917,17 +917,21 @@ int launch_run(const struct launch_opts *opts)
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-    fault_init("launcher", 0, 0);
     struct sup *s = calloc(1, sizeof *s);
     if (!s) {
         fprintf(stderr, "slidedp-launch: out of memory\n");
         return 1;
     }
+    if (hosts_detect(&s->st.hosts) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return 2;
+    }
+    fault_init("launcher", 0, s->st.hosts.index); /* SLIDEDP_CRASH_AT's rN: the launcher of host N */
     if (job_config_load(opts->ini_path, opts->num_overrides, opts->overrides, &s->st.job) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         return 2;
     }
-    if (hosts_detect(&s->st.hosts) != 0 || hosts_init(&s->st.hosts) != 0) {
+    if (hosts_init(&s->st.hosts) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         return 2;
     }
@@ -1034,7 +1038,7 @@ int launch_run(const struct launch_opts *opts)
     if (s->metrics)
         fclose(s->metrics);
     if (s->relay)
-        relay_stop(s->relay);
+        relay_stop(s->relay, s->exit_code == 0);
     state_destroy(&s->st);
     if (s->exit_code == 0)
         hosts_finalize(&s->st.hosts);
