@@ -124,15 +124,18 @@ void hosts_finalize(const struct hosts *h)
 /* ---- the relay ---- */
 
 enum relay_kind {
-    MSG_GRAD = 1, /* one micro-batch's gradient of a chunk; its elements follow the header */
-    MSG_DONE = 2, /* a rank posted every gradient of a step: its loss sum */
-    MSG_VAL = 3,  /* a rank's validation sums of a step */
+    MSG_GRAD = 1,   /* one micro-batch's gradient of a chunk; its elements follow the header */
+    MSG_DONE = 2,   /* a rank posted every gradient of a step: its loss sum */
+    MSG_VAL = 3,    /* a rank's validation sums of a step */
+    MSG_NORM = 4,   /* sharded: a chunk's gradient of a step is summed; its squared norm */
+    MSG_PARAMS = 5, /* sharded: a chunk's bf16 parameters at a version follow */
+    MSG_STATE = 6,  /* sharded, to host 0: a chunk's master, m and v at a checkpoint's step follow */
 };
 
 struct relay_msg {
     uint32_t kind, rank, step, chunk, micro, pad;
     uint64_t elem_begin, elem_count;
-    double sum;             /* MSG_DONE: the loss sum; MSG_VAL: the validation loss sum */
+    double sum;             /* MSG_DONE: the loss sum; MSG_VAL: the validation loss sum; MSG_NORM: sumsq */
     int64_t count, correct; /* MSG_VAL */
 };
 
@@ -162,6 +165,9 @@ struct relay {
     bool done_sent[JOB_MAX_GPUS];     /* ... and whether its MSG_DONE already went */
     struct inbound *in_head[JOB_MAX_GPUS], *in_tail[JOB_MAX_GPUS]; /* per remote rank, in arrival order */
     struct outbound *out;
+    /* sharded, per chunk: what went out of ours (the reduced step, the version, the state's step) */
+    uint32_t *sent_reduced, *sent_version;
+    _Atomic uint32_t *state_step; /* ours: sent to host 0; on host 0 the others': received */
 };
 
 static bool relay_fail(struct relay *r, const char *what, int rc)
@@ -174,14 +180,15 @@ static bool relay_fail(struct relay *r, const char *what, int rc)
     return false;
 }
 
-static bool send_to_others(struct relay *r, struct relay_msg *m, size_t bytes)
+/* Sends m to host `to`, or to every other host when `to` is -1; frees it once sent. */
+static bool send_to(struct relay *r, struct relay_msg *m, size_t bytes, int to)
 {
     struct outbound *o = malloc(sizeof *o + sizeof(MPI_Request) * (size_t)r->hosts.count);
     SD_ASSERT(o);
     o->msg = m;
     o->num_reqs = 0;
     for (int host = 0; host < r->hosts.count; host++) {
-        if (host == r->hosts.index)
+        if (host == r->hosts.index || (to >= 0 && host != to))
             continue;
         int rc = MPI_Isend(m, (int)bytes, MPI_BYTE, host, RELAY_TAG, MPI_COMM_WORLD, &o->reqs[o->num_reqs]);
         if (rc != MPI_SUCCESS)
@@ -215,13 +222,18 @@ static bool send_grads(struct relay *r, bool *progressed)
                 continue;
             for (; relayed != head; relayed++) {
                 const struct chunk_desc_msg *d = &ring->elems[relayed & (RING_CAP - 1)];
+                SD_ASSERT(d->slot != DESC_SLOT_DIRECT && d->chunk < (uint32_t)h->num_chunks);
+                /* sharded: only the host that sums the chunk needs it (the local optimizers drop it) */
+                int to = h->hosts_sharded ? ctl_chunk_state(h, (int)d->chunk)->host : -1;
+                if (to == r->hosts.index)
+                    continue;
                 size_t bytes = sizeof(struct relay_msg) + d->elem_count * sizeof(float);
                 struct relay_msg *m = malloc(bytes);
-                SD_ASSERT(m && d->slot != DESC_SLOT_DIRECT);
+                SD_ASSERT(m);
                 *m = (struct relay_msg){.kind = MSG_GRAD, .rank = d->rank, .step = d->step, .chunk = d->chunk,
                                         .micro = d->micro, .elem_begin = d->elem_begin, .elem_count = d->elem_count};
                 memcpy(m + 1, job_grad_slot(r->shm, rank, d->slot), d->elem_count * sizeof(float));
-                if (!send_to_others(r, m, bytes))
+                if (!send_to(r, m, bytes, to))
                     return false;
             }
             /* release: the element and its slot were read before the optimizer may free them */
@@ -260,7 +272,7 @@ static bool send_marks(struct relay *r, bool *progressed)
                 struct relay_msg *m = malloc(sizeof *m);
                 SD_ASSERT(m);
                 *m = (struct relay_msg){.kind = MSG_DONE, .rank = (uint32_t)rank, .step = s, .sum = rec->loss_sum[rank]};
-                if (!send_to_others(r, m, sizeof *m))
+                if (!send_to(r, m, sizeof *m, -1))
                     return false;
                 r->done_sent[i] = true;
                 *progressed = true;
@@ -273,7 +285,7 @@ static bool send_marks(struct relay *r, bool *progressed)
                 *m = (struct relay_msg){.kind = MSG_VAL, .rank = (uint32_t)rank, .step = s,
                                         .sum = rec->val_loss_sum[rank], .count = rec->val_count[rank],
                                         .correct = rec->val_correct[rank]};
-                if (!send_to_others(r, m, sizeof *m))
+                if (!send_to(r, m, sizeof *m, -1))
                     return false;
             }
             r->next_mark[i] = s + 1;
@@ -286,6 +298,117 @@ static bool send_marks(struct relay *r, bool *progressed)
         marked = r->next_mark[i] - 1 < marked ? r->next_mark[i] - 1 : marked;
     atomic_store(&r->marked_step, marked);
     return true;
+}
+
+/* Whether host 0 writes a checkpoint or the export at step s: the state must be whole there. */
+static bool is_state_step(const struct ctl_header *h, uint32_t s)
+{
+    if (s == (uint32_t)h->job.steps)
+        return h->job.save_final;
+    return h->ckpt_every > 0 && s % h->ckpt_every == 0;
+}
+
+/* Bytes per element of master, m and v together. */
+static size_t state_elem_bytes(const struct ctl_header *h)
+{
+    return 4 + 2 * ctl_state_size(h->job.optimizer_state);
+}
+
+/* Copies chunk c's master, m and v to (to_msg) or from a MSG_STATE payload. */
+static void copy_state(struct relay *r, int c, char *payload, bool to_msg)
+{
+    struct ctl_header *h = r->h;
+    const struct chunk_desc *ch = &ctl_chunks(h)[c];
+    size_t ss = ctl_state_size(h->job.optimizer_state);
+    char *arrays[3] = {(char *)r->shm->master,
+                       r->shm->exp_avg ? (char *)r->shm->exp_avg : (char *)r->shm->exp_avg16,
+                       r->shm->exp_avg_sq ? (char *)r->shm->exp_avg_sq : (char *)r->shm->exp_avg_sq16};
+    size_t elem[3] = {4, ss, ss};
+    for (int a = 0; a < 3; a++) {
+        char *at = arrays[a] + (size_t)ch->offset * elem[a];
+        size_t n = (size_t)ch->numel * elem[a];
+        if (to_msg)
+            memcpy(payload, at, n);
+        else
+            memcpy(at, payload, n);
+        payload += n;
+    }
+}
+
+/* Sharded: for each chunk this host sums, its squared norm once reduced, its parameters at each
+ * new version, and at a checkpoint's step its state to host 0. */
+static bool send_chunks(struct relay *r, bool *progressed)
+{
+    struct ctl_header *h = r->h;
+    if (!h->hosts_sharded)
+        return true;
+    for (int c = 0; c < h->num_chunks; c++) {
+        if (!ctl_chunk_is_here(h, c))
+            continue;
+        struct chunk_state *cs = ctl_chunk_state(h, c);
+        const struct chunk_desc *ch = &ctl_chunks(h)[c];
+        /* acquire: pairs with the optimizer's release of reduced_step after sumsq */
+        uint32_t reduced = atomic_load_explicit(&cs->reduced_step, memory_order_acquire);
+        if (reduced > r->sent_reduced[c]) {
+            struct relay_msg *m = malloc(sizeof *m);
+            SD_ASSERT(m);
+            *m = (struct relay_msg){.kind = MSG_NORM, .chunk = (uint32_t)c, .step = reduced,
+                                    .sum = cs->sumsq[reduced & 1]};
+            if (!send_to(r, m, sizeof *m, -1))
+                return false;
+            r->sent_reduced[c] = reduced;
+            *progressed = true;
+        }
+        /* acquire: pairs with the optimizer's release of version after the chunk's update */
+        uint32_t v = atomic_load_explicit(&cs->version, memory_order_acquire);
+        if (v <= r->sent_version[c])
+            continue;
+        size_t bytes = sizeof(struct relay_msg) + (size_t)ch->numel * 2;
+        struct relay_msg *m = malloc(bytes);
+        SD_ASSERT(m);
+        *m = (struct relay_msg){.kind = MSG_PARAMS, .chunk = (uint32_t)c, .step = v};
+        memcpy(m + 1, job_params16_of(r->shm, v) + ch->offset, (size_t)ch->numel * 2);
+        if (!send_to(r, m, bytes, -1))
+            return false;
+        r->sent_version[c] = v;
+        /* the optimizers hold the next update until the launcher has seen this state sent */
+        if (r->hosts.index != 0 && is_state_step(h, v)) {
+            bytes = sizeof(struct relay_msg) + (size_t)ch->numel * state_elem_bytes(h);
+            m = malloc(bytes);
+            SD_ASSERT(m);
+            *m = (struct relay_msg){.kind = MSG_STATE, .chunk = (uint32_t)c, .step = v};
+            copy_state(r, c, (char *)(m + 1), true);
+            if (!send_to(r, m, bytes, 0))
+                return false;
+        }
+        atomic_store(&r->state_step[c], v);
+        *progressed = true;
+    }
+    return true;
+}
+
+/* Sharded: applies what the host that sums a chunk sent about it. */
+static void apply_chunk_msg(struct relay *r, const struct relay_msg *m)
+{
+    struct ctl_header *h = r->h;
+    SD_ASSERT(m->chunk < (uint32_t)h->num_chunks && !ctl_chunk_is_here(h, (int)m->chunk));
+    struct chunk_state *cs = ctl_chunk_state(h, (int)m->chunk);
+    const struct chunk_desc *ch = &ctl_chunks(h)[m->chunk];
+    if (m->kind == MSG_NORM) {
+        cs->sumsq[m->step & 1] = m->sum;
+        /* release: the sumsq is visible to whoever sees reduced_step reach the step (global_norm) */
+        atomic_store_explicit(&cs->reduced_step, m->step, memory_order_release);
+        atomic_fetch_add_explicit(&h->reduce_seq, 1, memory_order_release);
+        futex_wake_all(&h->reduce_seq);
+    } else if (m->kind == MSG_PARAMS) {
+        memcpy(job_params16_of(r->shm, m->step) + ch->offset, m + 1, (size_t)ch->numel * 2);
+        /* release: the parameters are in place before a worker sees the version */
+        atomic_store_explicit(&cs->version, m->step, memory_order_release);
+        futex_wake_all(&cs->version);
+    } else {
+        copy_state(r, (int)m->chunk, (char *)(m + 1), false);
+        atomic_store(&r->state_step[m->chunk], m->step);
+    }
 }
 
 /* Posts a remote rank's gradient like its worker would: a free slot of the rank, the elements,
@@ -359,6 +482,12 @@ static bool receive(struct relay *r, bool *progressed)
         rc = MPI_Recv(m, bytes, MPI_BYTE, st.MPI_SOURCE, RELAY_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS)
             return relay_fail(r, "MPI_Recv", rc);
+        *progressed = true;
+        if (m->kind >= MSG_NORM) {
+            apply_chunk_msg(r, m);
+            free(m);
+            continue;
+        }
         SD_ASSERT(m->rank < (uint32_t)r->h->gpus && !ctl_rank_is_local(r->h, (int)m->rank));
         struct inbound *in = malloc(sizeof *in);
         SD_ASSERT(in);
@@ -368,7 +497,6 @@ static bool receive(struct relay *r, bool *progressed)
         else
             r->in_head[m->rank] = in;
         r->in_tail[m->rank] = in;
-        *progressed = true;
     }
 }
 
@@ -423,8 +551,8 @@ static void *relay_main(void *arg)
             stop_ns = now_ns();
         if (stopping && now_ns() - stop_ns > FINALIZE_TIMEOUT_S * 1000000000ull)
             break; /* a host that no longer receives: hosts_finalize reports it */
-        if (!send_grads(r, &progressed) || !send_marks(r, &progressed) || !receive(r, &progressed) ||
-            !reap_sends(r))
+        if (!send_grads(r, &progressed) || !send_marks(r, &progressed) || !send_chunks(r, &progressed) ||
+            !receive(r, &progressed) || !reap_sends(r))
             break;
         deliver(r, &progressed);
         if (stopping && !r->out)
@@ -449,6 +577,23 @@ int relay_start(struct relay **out, struct job_shm *shm, const struct hosts *hos
     r->hosts = *hosts;
     for (int i = 0; i < JOB_MAX_GPUS; i++)
         r->next_mark[i] = (uint32_t)r->h->first_step;
+    int chunks = r->h->num_chunks;
+    r->sent_reduced = malloc(sizeof(uint32_t) * (size_t)chunks);
+    r->sent_version = malloc(sizeof(uint32_t) * (size_t)chunks);
+    r->state_step = malloc(sizeof(_Atomic uint32_t) * (size_t)chunks);
+    if (!r->sent_reduced || !r->sent_version || !r->state_step) {
+        free(r->sent_reduced);
+        free(r->sent_version);
+        free(r->state_step);
+        free(r);
+        return sd_err("out of memory");
+    }
+    for (int c = 0; c < chunks; c++) {
+        /* the whole state of the first step is on every host (drawn, loaded or resumed alike) */
+        r->sent_reduced[c] = atomic_load(&ctl_chunk_state(r->h, c)->reduced_step);
+        r->sent_version[c] = atomic_load(&ctl_chunk_state(r->h, c)->version);
+        atomic_store(&r->state_step[c], (uint32_t)r->h->first_step - 1);
+    }
     atomic_store(&r->marked_step, (uint32_t)r->h->first_step - 1);
     int rc = pthread_create(&r->thread, NULL, relay_main, r);
     if (rc != 0) {
@@ -472,6 +617,20 @@ uint32_t relay_marked_step(struct relay *r)
     return atomic_load(&r->marked_step);
 }
 
+bool relay_state_ready(struct relay *r, uint32_t step)
+{
+    struct ctl_header *h = r->h;
+    if (!h->hosts_sharded)
+        return true;
+    for (int c = 0; c < h->num_chunks; c++) {
+        /* host 0 needs the others' chunks, the others must have sent theirs */
+        bool concerned = r->hosts.index == 0 ? !ctl_chunk_is_here(h, c) : ctl_chunk_is_here(h, c);
+        if (concerned && atomic_load(&r->state_step[c]) < step)
+            return false;
+    }
+    return true;
+}
+
 void relay_stop(struct relay *r, bool flush)
 {
     if (!flush)
@@ -489,5 +648,8 @@ void relay_stop(struct relay *r, bool flush)
         free(o->msg);
         free(o);
     }
+    free(r->sent_reduced);
+    free(r->sent_version);
+    free(r->state_step);
     free(r);
 }

@@ -37,6 +37,9 @@ int relay_start(struct relay **out, struct job_shm *shm, const struct hosts *hos
 bool relay_failed(struct relay *r, char *why, size_t len);
 /* Every step up to this one has its local ranks' marks sent: the launcher may recycle its record. */
 uint32_t relay_marked_step(struct relay *r);
+/* Sharded: whether host 0 holds every chunk's master, m and v of `step` (on host 0), or this host
+ * has sent its chunks' (on the others); always true when replicated. */
+bool relay_state_ready(struct relay *r, uint32_t step);
 /* Stops the thread and frees it; with flush, after the sends in flight complete (bounded). */
 void relay_stop(struct relay *r, bool flush);
 

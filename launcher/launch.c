@@ -378,18 +378,39 @@ static bool writes_state(const struct sup *s)
     return s->st.hosts.index == 0;
 }
 
+#define HOST_STATE_WAIT_S 300
+
+/* Several hosts, sharded: waits until host 0 holds every chunk's state of `step` (on host 0), or
+ * the relay has sent this host's (on the others); false with a message when it does not come. */
+static bool wait_host_state(struct sup *s, uint32_t step)
+{
+    char why[300];
+    for (uint64_t t0 = clock_ns(); s->relay && !relay_state_ready(s->relay, step);) {
+        if (relay_failed(s->relay, why, sizeof why) || clock_ns() - t0 > HOST_STATE_WAIT_S * 1000000000ull) {
+            fprintf(stderr, "slidedp-launch: host %d: the optimizer state of step %u did not %s\n",
+                    s->st.hosts.index, step, s->st.hosts.index == 0 ? "arrive from the other hosts" : "go out");
+            return false;
+        }
+        usleep(1000);
+    }
+    return true;
+}
+
 static void write_due_checkpoint(struct sup *s, uint32_t step)
 {
     struct ctl_header *h = s->h;
     if (h->ckpt_every == 0 || step == 0 || step % h->ckpt_every != 0 || step >= (uint32_t)h->job.steps ||
         atomic_load(&h->ckpt_done_step) >= step)
         return;
-    if (!writes_state(s))
+    if (!wait_host_state(s, step))
+        transition(s, SUP_FAILED);
+    else if (!writes_state(s))
         ; /* host 0 writes it; the optimizers here wait for this launcher like everywhere else */
     else if (checkpoint_write(&s->st, step) != 0)
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
     else
         printf("checkpoint step-%u written\n", step);
+    state_release_remote_chunks(&s->st); /* what host 0 gathered for it */
     fault_point("launcher_ckpt_written");
     /* release the optimizers even when writing failed: training goes on, the error is reported */
     atomic_store_explicit(&h->ckpt_done_step, step, memory_order_release);
@@ -498,6 +519,8 @@ static void checkpoint_on_stop(struct sup *s)
     uint32_t committed = ctl_committed_step(h);
     if (committed == 0 || committed <= atomic_load(&h->ckpt_done_step) || !writes_state(s))
         return;
+    if (s->relay && !relay_state_ready(s->relay, committed))
+        return; /* sharded, and another host's chunks of that step never came */
     if (s->nonfinite_step && committed >= s->nonfinite_step)
         return; /* updated during the backward with the non-finite gradients: not worth keeping */
     fault_point("launcher_stop_checkpoint");
@@ -600,6 +623,8 @@ static void finish(struct sup *s)
     } else if (s->state == SUP_FINISHING && !writes_state(s)) {
         printf("done (host %d; host 0 exports)\n", s->st.hosts.index);
         s->exit_code = 0;
+    } else if (s->state == SUP_FINISHING && !wait_host_state(s, ctl_committed_step(s->h))) {
+        s->exit_code = 1;
     } else if (s->state == SUP_FINISHING) {
         char dir[JOB_PATH_MAX + 16];
         snprintf(dir, sizeof dir, "%s/final", s->st.job.ckpt_dir);

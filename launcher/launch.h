@@ -36,6 +36,8 @@ struct job_state {
 /* Validates the job (model config, data, plan on st->topo, host memory) and creates and initialises the shared
  * state: weights loaded or drawn, Adam moments zero, versions 0. On failure nothing is left. */
 int state_create(struct job_state *st);
+/* Several hosts, sharded: drops this host's copy of the optimizer state of the chunks others hold. */
+void state_release_remote_chunks(struct job_state *st);
 /* Unmaps and removes the job's shm objects. */
 void state_destroy(struct job_state *st);
 /* A process's start time in clock ticks since boot (/proc/<pid>/stat field 22); 0 when it is gone. */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/bf16.h"
@@ -339,6 +340,12 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     plan_assign_owners(&st->lay, st->plan.optim_procs, owner);
     for (int c = 0; c < st->lay.num_chunks; c++)
         ctl_chunk_state(h, c)->owner = owner[c];
+    /* sharded: the chunks are spread over the hosts by the rule that spreads them over optimizers */
+    h->hosts_sharded = st->hosts.count > 1 && st->job.host_state == HOST_STATE_SHARDED;
+    if (h->hosts_sharded)
+        plan_assign_owners(&st->lay, st->hosts.count, owner);
+    for (int c = 0; c < st->lay.num_chunks; c++)
+        ctl_chunk_state(h, c)->host = h->hosts_sharded ? owner[c] : st->hosts.index;
     free(owner);
     for (int r = 0; r < h->gpus; r++)
         for (int k = 0; k < h->optim_procs; k++) {
@@ -568,9 +575,44 @@ int state_create(struct job_state *st)
         state_destroy(st);
         return -1;
     }
+    state_release_remote_chunks(st);
     /* release: the weights and the header are complete before a relaunch may adopt them */
     atomic_store_explicit(&st->shm.ctl->initialised, 1, memory_order_release);
     return 0;
+}
+
+/* Gives the pages of master, m, v and the accumulator of every chunk another host holds back to
+ * the system (several hosts, sharded): this host never reads them, so its shm holds about 1/H of
+ * the optimizer state. After the initial weights, a resume, and each checkpoint host 0 gathers. */
+void state_release_remote_chunks(struct job_state *st)
+{
+    struct ctl_header *h = st->shm.ctl;
+    if (!h->hosts_sharded)
+        return;
+    size_t state_size = ctl_state_size(st->job.optimizer_state);
+    struct {
+        void *base;
+        size_t elem;
+    } arrays[4] = {{st->shm.master, 4},
+                   {st->shm.exp_avg ? (void *)st->shm.exp_avg : (void *)st->shm.exp_avg16, state_size},
+                   {st->shm.exp_avg_sq ? (void *)st->shm.exp_avg_sq : (void *)st->shm.exp_avg_sq16, state_size},
+                   {st->shm.grad_acc, 4}};
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int c = 0; c < h->num_chunks; c++) {
+        if (ctl_chunk_is_here(h, c))
+            continue;
+        const struct chunk_desc *ch = &ctl_chunks(h)[c];
+        for (int a = 0; a < 4; a++) {
+            if (!arrays[a].base)
+                continue;
+            uintptr_t begin = (uintptr_t)arrays[a].base + (uintptr_t)ch->offset * arrays[a].elem;
+            uintptr_t end = begin + (uintptr_t)ch->numel * arrays[a].elem;
+            begin = (begin + page - 1) & ~(page - 1);
+            end &= ~(page - 1);
+            if (end > begin)
+                madvise((void *)begin, end - begin, MADV_REMOVE);
+        }
+    }
 }
 
 void state_destroy(struct job_state *st)

@@ -67,7 +67,7 @@ job_of() { sed -n 's/^slidedp: job \([0-9a-f]*\)-h0,.*/\1/p' "$1.log" | head -n 
 
 run_ref ref2 1 4
 run_ref ref3 2 3
-for mode in replicated; do
+for mode in replicated sharded; do
     run_hosts h2-$mode 2 1 2 $mode || { cat h2-$mode.log; fail "2 hosts, $mode"; }
     same h2-$mode ref2
     run_hosts h3-$mode 3 2 1 $mode || { cat h3-$mode.log; fail "3 hosts, $mode"; }
@@ -75,7 +75,7 @@ for mode in replicated; do
 done
 
 # kill -9 a worker of host 1 (global rank 1) after it pushed its 9th gradient: restarted there
-run_hosts kw 2 1 2 replicated SLIDEDP_CRASH_AT=worker_pushed:9:r1 || { cat kw.log; fail "worker kill"; }
+run_hosts kw 2 1 2 sharded SLIDEDP_CRASH_AT=worker_pushed:9:r1 || { cat kw.log; fail "worker kill"; }
 grep -q "worker 1 died from signal 9" kw.log || { cat kw.log; fail "the worker of host 1 was not killed"; }
 same kw ref2
 
