@@ -168,6 +168,8 @@ static void unlink_data_regions(const char *job_name)
  * before its weights were in place: nothing was trained, so it is removed), 1 when a dead launcher
  * left an initialised state of this very configuration behind (to be adopted), -1 (with the
  * reason) when a live job holds them, they belong to another configuration, or are not ours. */
+#define STOPPING_WAIT_MS 30000
+
 static int check_existing_state(const struct job_state *st)
 {
     char name[REGION_NAME_MAX];
@@ -192,6 +194,9 @@ static int check_existing_state(const struct job_state *st)
         unfinished = true; /* created, the header never written */
     }
     shm_region_detach(&r);
+    /* several hosts: a launcher of the run before (another host was lost) may still be stopping */
+    for (int waited = 0; st->hosts.count > 1 && pid > 0 && kill(pid, 0) == 0 && waited < STOPPING_WAIT_MS; waited += 10)
+        usleep(10000);
     if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM))
         return sd_err("job %s (log.dir %s) is already running under launcher pid %d", st->job_name, st->job.log_dir,
                       pid);

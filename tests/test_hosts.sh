@@ -80,12 +80,50 @@ grep -q "worker 1 died from signal 9" kw.log || { cat kw.log; fail "the worker o
 same kw ref2
 
 # kill -9 host 1's launcher when it logs step 5 (host 0 has written step-2 by then: its step-3
-# update waits for it, and it writes the committed step when it stops): every host stops with a
-# message naming the lost one, a relaunch resumes from a checkpoint
-run_hosts kl 2 1 2 replicated SLIDEDP_CRASH_AT=launcher_logged:5:r1 && { cat kl.log; fail "the job survived"; }
-grep -q "exited on signal 9" kl.log || { cat kl.log; fail "no message names the lost host"; }
-grep -q "host 0: SIGTERM received" kl.log || { cat kl.log; fail "host 0 did not stop"; }
-run_hosts kl 2 1 2 replicated || { cat kl.log; fail "resume after a lost host"; }
-grep -q "resuming from checkpoint step-[2-7]" kl.log || { cat kl.log; fail "did not resume from a checkpoint"; }
-same kl ref2
+# update waits for it; replicated, it also writes the committed step when it stops): every host
+# stops with a message naming the lost one, a relaunch resumes from a checkpoint
+for mode in replicated sharded; do
+    run_hosts kl-$mode 2 1 2 $mode SLIDEDP_CRASH_AT=launcher_logged:5:r1 && { cat kl-$mode.log; fail "survived"; }
+    grep -q "exited on signal 9" kl-$mode.log || { cat kl-$mode.log; fail "no message names the lost host"; }
+    grep -q "host 0: SIGTERM received" kl-$mode.log || { cat kl-$mode.log; fail "host 0 did not stop"; }
+    run_hosts kl-$mode 2 1 2 $mode || { cat kl-$mode.log; fail "resume after a lost host ($mode)"; }
+    grep -q "resuming from checkpoint step-[2-7]" kl-$mode.log || { cat kl-$mode.log; fail "did not resume"; }
+    same kl-$mode ref2
+done
+
+# shm per host, replicated against sharded: host 0's launcher stops itself (SIGSTOP) when it logs
+# step 3, which holds every host still; du counts the pages the objects hold
+shm_kib() {
+    local name=$1 mode=$2
+    SLIDEDP_CRASH_AT=launcher_logged:3:r0:stop timeout 120 mpirun --oversubscribe -np 2 "$B/slidedp-launch" job.ini \
+        runtime.gpus=1 train.grad_accum=2 runtime.host_state="$mode" log.dir="$name" checkpoint.dir="$name/ckpt" \
+        >"$name.log" 2>&1 &
+    local mpirun=$! pid="" i p
+    for ((i = 0; i < 600; i++)); do
+        # timeout -> mpirun -> the launchers
+        for p in $(ps -o pid= --ppid "$(ps -o pid= --ppid "$mpirun" | head -n 1)"); do
+            [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = T ] && pid=$p
+        done
+        [ -n "$pid" ] && break
+        sleep 0.1
+    done
+    [ -n "$pid" ] || { cat "$name.log"; fail "$name: host 0 never stopped at step 3"; }
+    local job
+    job=$(job_of "$name")
+    for h in 0 1; do
+        echo "# $mode host $h: $(du -k /dev/shm/slidedp."$job"-h$h.* | awk '{printf "%s %s KiB  ", $2, $1}')"
+        eval "${mode}_h$h=\$(du -kc /dev/shm/slidedp.$job-h$h.master | tail -n 1 | cut -f1)"
+    done
+    kill -CONT "$pid"
+    wait "$mpirun" || { cat "$name.log"; fail "$name after the measurement"; }
+    same "$name" ref2
+}
+shm_kib shm-replicated replicated
+shm_kib shm-sharded sharded
+echo "# master region per host (KiB): replicated $replicated_h0 $replicated_h1, sharded $sharded_h0 $sharded_h1"
+# the model's chunks split about evenly: each sharded host holds a bit over half the fp32 state
+for h in 0 1; do
+    eval "rep=\$replicated_h$h shard=\$sharded_h$h"
+    [ "$shard" -lt $((rep * 3 / 4)) ] || fail "host $h: sharded master region $shard KiB is not below 3/4 of $rep KiB"
+done
 echo "PASS"
