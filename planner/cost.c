@@ -260,27 +260,20 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
 
 void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
 {
-    const struct layout *lay = mc->lay;
-    const struct plan *p = mc->plan;
-    int G = mc->job->gpus;
     memset(out, 0, sizeof *out);
-    /* updating during the backward keeps the previous version of each chunk for a worker that
-     * redoes the step after a crash */
-    out->params16 = lay->total_numel * 2 * (p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1);
-    /* fp32 master, m and v (fp32, or bf16 with [train] optimizer_state = bf16) */
-    out->master = lay->total_numel * (4 + 2 * (int64_t)ctl_state_size(mc->job->optimizer_state));
-    /* the accumulator (fp32, or bf16 when gradients cross in bf16), and the slots unless gradients
-     * go straight into it */
-    out->grads = lay->total_numel * (plan_grads_bf16(p, mc->job) ? 2 : 4);
-    if (!plan_grads_direct(p, G, mc->job->grad_accum))
-        out->grads += (int64_t)G * p->grad_slots * lay->max_chunk_numel * 4;
-    out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
-               (int64_t)lay->num_chunks * ((int64_t)sizeof(struct chunk_desc) + 256) +
-               (int64_t)G * p->optim_procs * (int64_t)sizeof(struct ring) +
-               (int64_t)p->optim_procs * p->optim_threads *
-                   (int64_t)ctl_staging_lane_bytes(ctl_state_size(mc->job->optimizer_state)) +
-               ((int64_t)1 << 20);
-    out->workers = mc->job->device == DEVICE_CPU ? G * gpu_bytes : 0;
+    /* the four shared objects, sized by the very function slidedp-launch allocates them with */
+    struct ctl_shape shape;
+    struct ctl_sizes sz;
+    ctl_shape_of(mc->job, mc->plan, mc->lay, &shape);
+    if (ctl_compute_sizes(&shape, &sz) != 0) {
+        out->total = INT64_MAX; /* a shape the launcher refuses: no host holds it */
+        return;
+    }
+    out->params16 = (int64_t)sz.params16_bytes;
+    out->master = (int64_t)sz.master_bytes;
+    out->grads = (int64_t)sz.grads_bytes;
+    out->ctl = (int64_t)sz.ctl_bytes;
+    out->workers = mc->job->device == DEVICE_CPU ? mc->job->gpus * gpu_bytes : 0;
     out->total = out->params16 + out->master + out->grads + out->ctl + out->workers;
 }
 

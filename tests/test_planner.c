@@ -240,12 +240,13 @@ static void test_memory_footprint(void **state)
     assert_int_equal(gm.workspace, (16 + 2 * 8 * 16) * 8);
     assert_int_equal(gm.total, gm.chunk_bufs + gm.grad_bufs + gm.layer_inputs + gm.kept_acts + gm.bwd_scratch +
                                    gm.logits + gm.misc + gm.workspace);
-    /* host: bf16 copy, master/m/v, the accumulator and 2 ranks x 4 slots x the largest chunk, and
-     * (CPU backend) both workers' memory */
-    int64_t total = 2048 + 2 * 51200 + 2048;
+    /* host, object by object: the bf16 copy; master, m, v and the fp32 accumulator, then the
+     * staging blocks of 2 optimizers x 1 thread (a journal block of 8192 elements of p, m, v in
+     * fp32 and p16); 2 ranks x 4 slots x the largest chunk; and (CPU backend) both workers' memory */
+    int64_t total = 2048 + 2 * 51200 + 2048, staging = 2 * 8192 * (4 + 4 + 4 + 2);
     assert_int_equal(hm.params16, total * 2);
-    assert_int_equal(hm.master, total * 12);
-    assert_int_equal(hm.grads, total * 4 + 2 * 4 * 51200 * 4);
+    assert_int_equal(hm.master, total * 16 + staging);
+    assert_int_equal(hm.grads, 2 * 4 * 51200 * 4);
     assert_int_equal(hm.workers, 2 * gm.total);
     assert_true(hm.ctl > 0 && hm.ctl < 4 << 20);
     layout_free(&lay);
@@ -265,20 +266,20 @@ static void test_memory_footprint(void **state)
     assert_int_equal(gm.grad_bufs, (2048 + 2 * 51200) * 4 + (51200 + 51200 + 2048) * 4);
     assert_int_equal(gm.peer_bufs, 0);
     layout_free(&lay);
-    /* one rank summing on the device: gradients go straight into the accumulator, no slots (18
-     * bytes per parameter with params16's single copy) */
+    /* one rank summing on the device: gradients go straight into the accumulator, which heads the
+     * grads object in place of the slots (18 bytes per parameter with params16's single copy) */
     job.gpus = 1;
     p.update_mode = UPDATE_AFTER_BACKWARD;
     price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
     assert_int_equal(hm.params16, total * 2);
-    assert_int_equal(hm.master, total * 12);
+    assert_int_equal(hm.master, total * 12 + staging);
     assert_int_equal(hm.grads, total * 4);
     layout_free(&lay);
     /* the same with bf16 gradients: a bf16 accumulator, 16 bytes per parameter */
     job.grad_dtype = GRAD_BF16;
     price_plan(&cfg, &job, &p, &lay, NULL, &gm, &hm);
     assert_int_equal(hm.grads, total * 2);
-    assert_int_equal(hm.params16 + hm.master + hm.grads, total * 16);
+    assert_int_equal(hm.params16 + hm.master + hm.grads, total * 16 + staging);
     layout_free(&lay);
     job.grad_dtype = GRAD_FP32;
     job.gpus = 2;
