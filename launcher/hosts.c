@@ -1,4 +1,4 @@
-/* Several hosts through MPI (docs/design.md §12): the host from the MPI launcher's environment, the
+/* Several hosts through MPI (docs/design.md §11): the host from the MPI launcher's environment, the
  * plan every host takes from host 0, and the relay thread. The relay makes this host's ctl region
  * look like one host running every rank of the job: it sends each gradient this host's workers
  * post (before the local optimizer may take it, ring.relayed) and each step mark of its ranks to

@@ -1,4 +1,4 @@
-/* Several hosts training one job through MPI (docs/design.md §12): finding the MPI launcher's
+/* Several hosts training one job through MPI (docs/design.md §11): finding the MPI launcher's
  * environment, agreeing the plan, and the relay thread that carries each host's gradients and
  * step marks to the other hosts. The only code that calls MPI; used by slidedp-launch. */
 #ifndef SD_HOSTS_H

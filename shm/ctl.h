@@ -247,7 +247,7 @@ struct ctl_header {
     struct plan plan;
 
     int32_t gpus, optim_procs, grad_slots; /* gpus: the job's ranks on every host (hosts x local ones) */
-    int32_t hosts, host_index;      /* several hosts (docs/design.md §12): this host runs ranks
+    int32_t hosts, host_index;      /* several hosts (docs/design.md §11): this host runs ranks
                                      * [host_index * gpus / hosts, (host_index + 1) * gpus / hosts) */
     bool hosts_sharded;             /* each host sums and updates only its chunks (chunk_state.host) */
     int32_t num_tensors, num_chunks;

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Several hosts on this machine (mpirun --oversubscribe, CPU backend, docs/design.md §12): the final
+# Several hosts on this machine (mpirun --oversubscribe, CPU backend, docs/design.md §11): the final
 # weights of H hosts x G ranks x A micro-steps are bit-identical to one host with H*A micro-steps,
 # in both host_state modes, also when a worker of host 1 is killed, and after host 1's launcher is
 # killed (every host stops, a relaunch resumes from the checkpoint); the shm per host of both modes.
