@@ -205,6 +205,9 @@ void ctl_recycle_step(struct ctl_header *h, uint32_t s)
     atomic_store_explicit(&rec->step, s + CTL_STEP_RECORDS, memory_order_release);
 }
 
+/* tests/test_hosts.sh reads a stopped launcher's pid from its ctl object at this byte */
+_Static_assert(offsetof(struct ctl_header, launcher_pid) == 88, "ctl_header.launcher_pid moved");
+
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len)
 {
     snprintf(out, len, "/slidedp.%s.%s", job_name, what);

@@ -2,7 +2,8 @@
 # Several hosts on this machine (mpirun --oversubscribe, CPU backend, docs/design.md §11): the final
 # weights of H hosts x G ranks x A micro-steps are bit-identical to one host with H*A micro-steps,
 # in both host_state modes, also when a worker of host 1 is killed, and after host 1's launcher is
-# killed (every host stops, a relaunch resumes from the checkpoint); the shm per host of both modes.
+# killed (every host stops, a relaunch resumes from the checkpoint), also host 1's optimizers; the
+# shm per host of both modes.
 set -u
 B=${SD_BUILD:?}
 S=${SD_SOURCE:?}
@@ -79,6 +80,16 @@ run_hosts kw 2 1 2 sharded SLIDEDP_CRASH_AT=worker_pushed:9:r1 || { cat kw.log; 
 grep -q "worker 1 died from signal 9" kw.log || { cat kw.log; fail "the worker of host 1 was not killed"; }
 same kw ref2
 
+# kill -9 host 1's optimizers (only host 1's environment names the points): restarted there
+for mode in replicated sharded; do
+    args=(job.ini runtime.gpus=1 train.grad_accum=2 runtime.host_state=$mode log.dir=ko-$mode checkpoint.dir=ko-$mode/ckpt)
+    timeout 120 mpirun --oversubscribe -np 1 "$B/slidedp-launch" "${args[@]}" : \
+        -np 1 env SLIDEDP_CRASH_AT=optim_reduced:7,optim_updated:5:r1 "$B/slidedp-launch" "${args[@]}" \
+        >ko-$mode.log 2>&1 || { cat ko-$mode.log; fail "optimizer kill, $mode"; }
+    grep -q "optimizer 1 died from signal 9" ko-$mode.log || { cat ko-$mode.log; fail "no optimizer of host 1 killed"; }
+    same ko-$mode ref2
+done
+
 # kill -9 host 1's launcher when it logs step 5 (host 0 has written step-2 by then: its step-3
 # update waits for it; replicated, it also writes the committed step when it stops): every host
 # stops with a message naming the lost one, a relaunch resumes from a checkpoint
@@ -98,18 +109,17 @@ shm_kib() {
     SLIDEDP_CRASH_AT=launcher_logged:3:r0:stop timeout 120 mpirun --oversubscribe -np 2 "$B/slidedp-launch" job.ini \
         runtime.gpus=1 train.grad_accum=2 runtime.host_state="$mode" log.dir="$name" checkpoint.dir="$name/ckpt" \
         >"$name.log" 2>&1 &
-    local mpirun=$! pid="" i p
-    for ((i = 0; i < 600; i++)); do
-        # timeout -> mpirun -> the launchers
-        for p in $(ps -o pid= --ppid "$(ps -o pid= --ppid "$mpirun" | head -n 1)"); do
-            [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = T ] && pid=$p
-        done
+    local mpirun=$! pid="" i job=""
+    # the launcher's pid from its ctl object (ctl_header.launcher_pid, at byte 88), then its state
+    for ((i = 0; i < 1200; i++)); do
         [ -n "$pid" ] && break
+        job=$(job_of "$name")
+        local ctl=/dev/shm/slidedp.$job-h0.ctl p=""
+        [ -n "$job" ] && [ -e "$ctl" ] && p=$(od -An -t d4 -j 88 -N 4 "$ctl" | tr -d ' ')
+        [ -n "$p" ] && [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = T ] && pid=$p
         sleep 0.1
     done
     [ -n "$pid" ] || { cat "$name.log"; fail "$name: host 0 never stopped at step 3"; }
-    local job
-    job=$(job_of "$name")
     for h in 0 1; do
         echo "# $mode host $h: $(du -k /dev/shm/slidedp."$job"-h$h.* | awk '{printf "%s %s KiB  ", $2, $1}')"
         eval "${mode}_h$h=\$(du -kc /dev/shm/slidedp.$job-h$h.master | tail -n 1 | cut -f1)"
