@@ -90,6 +90,20 @@ int hosts_share_plan(const struct hosts *h, struct plan *plan)
     return 0;
 }
 
+int hosts_check_same_job(const struct hosts *h, uint64_t job_hash)
+{
+    if (h->count == 1)
+        return 0;
+    unsigned long long mine = job_hash, lo = 0, hi = 0;
+    if (MPI_Allreduce(&mine, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS ||
+        MPI_Allreduce(&mine, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return sd_err("host %d: cannot compare the job with the other hosts", h->index);
+    if (lo != hi)
+        return sd_err("host %d: the hosts do not run the same job (job.ini, overrides, config.json or plan differ)",
+                      h->index);
+    return 0;
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;

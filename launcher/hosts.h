@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/plan.h"
 #include "shm/ctl.h"
@@ -26,6 +27,9 @@ int hosts_init(const struct hosts *h);
  * that several hosts need: gradients through host memory, one post per micro-step, parameters
  * replicated. */
 int hosts_share_plan(const struct hosts *h, struct plan *plan);
+/* Fails on every host unless all hold the same job (job_hash: job.ini with overrides, config.json
+ * and the plan's choices). */
+int hosts_check_same_job(const struct hosts *h, uint64_t job_hash);
 /* Waits (bounded) for every host to reach this point, then MPI_Finalize. */
 void hosts_finalize(const struct hosts *h);
 

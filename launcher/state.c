@@ -514,6 +514,10 @@ int state_create(struct job_state *st)
     int rc = ctl_compute_sizes(&st->shape, &sz);
     ctl_host_job_name(job->log_dir, st->hosts.count, st->hosts.index, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);
+    if (rc == 0 && hosts_check_same_job(&st->hosts, st->job_hash) != 0) {
+        hf_weights_close(&weights);
+        return -1;
+    }
     int existing = rc == 0 ? check_existing_state(st) : -1;
     if (existing == 1) {
         hf_weights_close(&weights);

@@ -10,7 +10,17 @@ S=${SD_SOURCE:?}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 T=$(mktemp -d /tmp/sd-hosts.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+# a host killed by mpirun leaves its shm objects (the next run of that job removes them); a failed
+# test removes those of its jobs
+cleanup() {
+    local log job
+    for log in "$T"/*.log; do
+        job=$(sed -n 's/^slidedp: job \([0-9a-f]*\)-h[0-9]*,.*/\1/p' "$log" 2>/dev/null | head -n 1)
+        [ -n "$job" ] && rm -f /dev/shm/slidedp."$job"-h*
+    done
+    rm -rf "$T"
+}
+trap cleanup EXIT
 cd "$T" || exit 1
 fail() { echo "FAIL: $*"; exit 1; }
 
