@@ -81,6 +81,8 @@ static const struct key_spec key_specs[] = {
     {"runtime", "topology", K_PATH, OFF(topology), 0, 0, NULL, 0},
     {"runtime", "deterministic", K_BOOL, OFF(deterministic), 0, 0, NULL, 0},
     {"runtime", "watchdog_s", K_INT, OFF(watchdog_s), 0, 86400 * 365, NULL, 0},
+    {"runtime", "host_state", K_ENUM, OFF(host_state), 0, 0, "auto|replicated|sharded", 0},
+    {"runtime", "host_link_gbps", K_DOUBLE, OFF(host_link_gbps), 0, 1e6, NULL, 0},
     {"log", "dir", K_PATH, OFF(log_dir), 0, 0, NULL, 0},
     {"log", "every", K_INT, OFF(log_every), 1, INT_MAX, NULL, 0},
 };

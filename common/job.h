@@ -19,6 +19,8 @@ enum update_mode { UPDATE_AUTO = 0, UPDATE_AFTER_BACKWARD = 1, UPDATE_DURING_BAC
 /* The dtype gradients cross to the host in when they go straight into the accumulator. */
 enum grad_dtype { GRAD_FP32 = 0, GRAD_BF16 = 1 };
 enum act_policy { ACT_AUTO = 0, ACT_KEEP = 1, ACT_RECOMPUTE = 2, ACT_OFFLOAD = 3 };
+/* Where the optimizer state lives when several hosts train one job (docs/design.md §11). */
+enum host_state { HOST_STATE_AUTO = 0, HOST_STATE_REPLICATED = 1, HOST_STATE_SHARDED = 2 };
 /* The dtype of Adam's m and v on the host (the master weights stay fp32). */
 enum optimizer_state { OPTIM_STATE_FP32 = 0, OPTIM_STATE_BF16 = 1 };
 /* Where workers take the weights they compute with: a bf16 copy the optimizers keep (params16), or
@@ -89,6 +91,8 @@ struct job_config {
     bool deterministic;      /* the same bits on every run (CUDA: no kernel sums with atomics in a
                               * racing order); false: cuDNN's faster attention backward */
     int watchdog_s;          /* a process with no heartbeat for this long is killed and restarted; 0 = never */
+    enum host_state host_state; /* several hosts: every host holds the whole state, or 1/H of it */
+    double host_link_gbps;   /* GB/s of one host's inter-host link; 0 = the planner's default */
 
     /* [log] */
     char log_dir[JOB_PATH_MAX];

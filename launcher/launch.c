@@ -74,7 +74,8 @@ struct sup {
     uint32_t nonfinite_step; /* the step whose loss or gradient norm was not finite (0: none) */
     char nonfinite_what[768];     /* its values and the first tensor concerned */
     char last_good[JOB_PATH_MAX + 96]; /* the newest checkpoint on disk after such a stop */
-    char metrics_path[JOB_PATH_MAX + 32];
+    char metrics_dir[JOB_PATH_MAX + 16], metrics_path[JOB_PATH_MAX + 32];
+    struct relay *relay; /* several hosts: carries gradients and step marks to the other hosts */
     int pending_restarts;
     int gang_dying;    /* workers killed for a gang restart that have not exited yet */
     uint64_t link_bytes_seen[JOB_MAX_GPUS][3]; /* per rank: host->device, device->host, peer bytes logged so far */
@@ -217,7 +218,7 @@ static void publish_stats(struct sup *s, uint32_t step, double loss, const struc
 static int open_metrics(struct sup *s)
 {
     const char *path = s->metrics_path;
-    if (fs_mkdir_p(s->st.job.log_dir, 0755) != 0)
+    if (fs_mkdir_p(s->metrics_dir, 0755) != 0)
         return -1;
     FILE *old = s->logged > 0 ? fopen(path, "r") : NULL;
     if (old) {
@@ -364,16 +365,45 @@ static void stop_nonfinite(struct sup *s, uint32_t step, const struct step_recor
 /* The periodic checkpoint of logged step `step` when one is due and not written yet (a relaunch
  * calls it for the last logged step: its dead predecessor may have logged it and died before the
  * checkpoint the optimizers wait for). */
+/* The host that writes checkpoints and the export (every host holds the whole state). */
+static bool writes_state(const struct sup *s)
+{
+    return s->st.hosts.index == 0;
+}
+
+#define HOST_STATE_WAIT_S 300
+
+/* Several hosts, sharded: waits until host 0 holds every chunk's state of `step` (on host 0), or
+ * the relay has sent this host's (on the others); false with a message when it does not come. */
+static bool wait_host_state(struct sup *s, uint32_t step)
+{
+    char why[300];
+    for (uint64_t t0 = clock_ns(); s->relay && !relay_state_ready(s->relay, step);) {
+        if (relay_failed(s->relay, why, sizeof why) || clock_ns() - t0 > HOST_STATE_WAIT_S * 1000000000ull) {
+            fprintf(stderr, "slidedp-launch: host %d: the optimizer state of step %u did not %s\n",
+                    s->st.hosts.index, step, s->st.hosts.index == 0 ? "arrive from the other hosts" : "go out");
+            return false;
+        }
+        usleep(1000);
+    }
+    return true;
+}
+
 static void write_due_checkpoint(struct sup *s, uint32_t step)
 {
     struct ctl_header *h = s->h;
     if (h->ckpt_every == 0 || step == 0 || step % h->ckpt_every != 0 || step >= (uint32_t)h->job.steps ||
         atomic_load(&h->ckpt_done_step) >= step)
         return;
-    if (checkpoint_write(&s->st, step) != 0)
+    if (!wait_host_state(s, step))
+        transition(s, SUP_FAILED);
+    else if (!writes_state(s))
+        ; /* host 0 writes it; the optimizers here wait for this launcher like everywhere else */
+    else if (checkpoint_write(&s->st, step) != 0)
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
     else
         printf("checkpoint step-%u written\n", step);
+    state_release_remote_chunks(&s->st); /* what host 0 gathered for it */
     fault_point("launcher_ckpt_written");
     /* release the optimizers even when writing failed: training goes on, the error is reported */
     atomic_store_explicit(&h->ckpt_done_step, step, memory_order_release);
@@ -384,7 +414,7 @@ static void write_due_checkpoint(struct sup *s, uint32_t step)
 static void poll_steps(struct sup *s)
 {
     struct ctl_header *h = s->h;
-    if (!s->ready_seen && atomic_load(&h->workers_ready) >= (uint32_t)h->gpus) {
+    if (!s->ready_seen && atomic_load(&h->workers_ready) >= (uint32_t)ctl_local_ranks(h)) {
         s->ready_seen = true;
         s->t_prev = clock_ns();
     }
@@ -405,6 +435,8 @@ static void poll_steps(struct sup *s)
             break;
         if (job_is_val_step(&h->job, next) && !all_marked(rec->val_done, h->gpus, next))
             break;
+        if (s->relay && relay_marked_step(s->relay) < next)
+            break; /* its record is recycled once logged: our ranks' marks must have gone out */
         if (write_metrics(s, next, rec) != 0) {
             transition(s, SUP_FAILED);
             break;
@@ -441,10 +473,20 @@ static void watchdog(struct sup *s)
     }
 }
 
+static void maybe_finish(struct sup *s);
+
 static void on_poll(uv_timer_t *t)
 {
-    poll_steps(t->data);
-    watchdog(t->data);
+    struct sup *s = t->data;
+    char why[300];
+    if (s->relay && s->state != SUP_FAILED && relay_failed(s->relay, why, sizeof why)) {
+        fprintf(stderr, "slidedp-launch: %s; stopping this host\n", why);
+        transition(s, SUP_FAILED);
+    }
+    poll_steps(s);
+    watchdog(s);
+    if (s->relay && s->running == 0)
+        maybe_finish(s);
 }
 
 /* Whether master, m and v hold exactly the state after `step`: every chunk at that version and no
@@ -468,8 +510,10 @@ static void checkpoint_on_stop(struct sup *s)
 {
     struct ctl_header *h = s->h;
     uint32_t committed = ctl_committed_step(h);
-    if (committed == 0 || committed <= atomic_load(&h->ckpt_done_step))
+    if (committed == 0 || committed <= atomic_load(&h->ckpt_done_step) || !writes_state(s))
         return;
+    if (s->relay && !relay_state_ready(s->relay, committed))
+        return; /* sharded, and another host's chunks of that step never came */
     if (s->nonfinite_step && committed >= s->nonfinite_step)
         return; /* updated during the backward with the non-finite gradients: not worth keeping */
     fault_point("launcher_stop_checkpoint");
@@ -554,7 +598,7 @@ static void mark_dead_ranks(struct sup *s)
     uint32_t committed = ctl_committed_step(h);
     for (uint32_t step = s->logged + 1; step <= committed; step++) {
         struct step_record *rec = ctl_step(h, step);
-        for (int r = 0; r < h->gpus; r++)
+        for (int r = ctl_local_first(h); r < ctl_local_first(h) + ctl_local_ranks(h); r++)
             if (atomic_load(&rec->step) == step && atomic_load(&rec->rank_done[r]) != step)
                 ctl_finish_rank(h, step, r);
     }
@@ -569,6 +613,11 @@ static void finish(struct sup *s)
     if (s->state == SUP_FINISHING && !s->st.job.save_final) {
         printf("done (checkpoint.save_final = false: nothing exported)\n");
         s->exit_code = 0;
+    } else if (s->state == SUP_FINISHING && !writes_state(s)) {
+        printf("done (host %d; host 0 exports)\n", s->st.hosts.index);
+        s->exit_code = 0;
+    } else if (s->state == SUP_FINISHING && !wait_host_state(s, ctl_committed_step(s->h))) {
+        s->exit_code = 1;
     } else if (s->state == SUP_FINISHING) {
         char dir[JOB_PATH_MAX + 16];
         snprintf(dir, sizeof dir, "%s/final", s->st.job.ckpt_dir);
@@ -605,7 +654,9 @@ static int spawn_child(struct sup *s, struct child *c);
 
 static void maybe_finish(struct sup *s)
 {
-    if (s->running == 0 && s->pending_restarts == 0)
+    /* several hosts: our children may be done before the other hosts' last marks arrive */
+    bool awaiting_hosts = s->relay && s->state == SUP_RUN && s->logged < (uint32_t)s->st.job.steps;
+    if (s->running == 0 && s->pending_restarts == 0 && !awaiting_hosts)
         finish(s);
 }
 
@@ -744,6 +795,15 @@ static void on_child_exit(uv_process_t *proc, int64_t status, int term_signal)
 static void on_signal(uv_signal_t *sig, int signum)
 {
     struct sup *s = sig->data;
+    if (s->st.hosts.count > 1) {
+        /* the hosts cannot agree a last step without each other: mpirun sends this when another
+         * host is lost, and checkpoint.resume = auto continues from the newest checkpoint */
+        fprintf(stderr, "slidedp-launch: host %d: %s received; stopping this host now (the job resumes from its "
+                        "newest checkpoint)\n", s->st.hosts.index, signum == SIGINT ? "SIGINT" : "SIGTERM");
+        transition(s, SUP_FAILED);
+        s->exit_code = 130;
+        return;
+    }
     if (s->state == SUP_STOPPING || s->state == SUP_DRAINING) {
         fprintf(stderr, "slidedp-launch: second signal; stopping now\n");
         transition(s, SUP_FAILED);
@@ -762,7 +822,8 @@ static int spawn_child(struct sup *s, struct child *c)
     const char *prog = c->kind == PROC_WORKER ? "slidedp-worker" : "slidedp-optim";
     snprintf(file, sizeof file, "%s/%s", s->bin_dir, prog);
     snprintf(a1, sizeof a1, "%d", c->index);
-    snprintf(a2, sizeof a2, "%d", s->gpu_count > 0 ? c->index % s->gpu_count : 0);
+    int local_index = c->kind == PROC_WORKER ? c->index - ctl_local_first(s->h) : c->index;
+    snprintf(a2, sizeof a2, "%d", s->gpu_count > 0 ? local_index % s->gpu_count : 0);
     char *args[10];
     int n = 0;
     args[n++] = file;
@@ -879,13 +940,21 @@ int launch_run(const struct launch_opts *opts)
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-    fault_init("launcher", 0, 0);
     struct sup *s = calloc(1, sizeof *s);
     if (!s) {
         fprintf(stderr, "slidedp-launch: out of memory\n");
         return 1;
     }
+    if (hosts_detect(&s->st.hosts) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return 2;
+    }
+    fault_init("launcher", 0, s->st.hosts.index); /* SLIDEDP_CRASH_AT's rN: the launcher of host N */
     if (job_config_load(opts->ini_path, opts->num_overrides, opts->overrides, &s->st.job) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return 2;
+    }
+    if (hosts_init(&s->st.hosts) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         return 2;
     }
@@ -935,7 +1004,12 @@ int launch_run(const struct launch_opts *opts)
     s->logged = s->commits_seen = atomic_load(&s->h->metrics_step);
     if (s->st.adopted)
         write_due_checkpoint(s, s->logged);
-    snprintf(s->metrics_path, sizeof s->metrics_path, "%s/metrics.jsonl", job->log_dir);
+    /* several hosts: host 0 writes log.dir/metrics.jsonl, host i log.dir/host-i/ */
+    if (s->st.hosts.index > 0)
+        snprintf(s->metrics_dir, sizeof s->metrics_dir, "%s/host-%d", job->log_dir, s->st.hosts.index);
+    else
+        snprintf(s->metrics_dir, sizeof s->metrics_dir, "%s", job->log_dir);
+    snprintf(s->metrics_path, sizeof s->metrics_path, "%s/metrics.jsonl", s->metrics_dir);
     if (s->logged > 0 && open_metrics(s) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         state_destroy(&s->st);
@@ -954,12 +1028,18 @@ int launch_run(const struct launch_opts *opts)
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* one that came meanwhile is handled now */
 
-    s->num_children = job->gpus + s->st.plan.optim_procs;
+    if (s->st.hosts.count > 1 && relay_start(&s->relay, &s->st.shm, &s->st.hosts) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        state_destroy(&s->st);
+        return 1;
+    }
+    int local = ctl_local_ranks(s->h); /* this host's workers are ranks first .. first + local - 1 */
+    s->num_children = local + s->st.plan.optim_procs;
     s->children = calloc((size_t)s->num_children, sizeof *s->children);
     for (int i = 0; i < s->num_children; i++) {
         struct child *c = &s->children[i];
-        c->kind = i < job->gpus ? PROC_WORKER : PROC_OPTIM;
-        c->index = i < job->gpus ? i : i - job->gpus;
+        c->kind = i < local ? PROC_WORKER : PROC_OPTIM;
+        c->index = i < local ? ctl_local_first(s->h) + i : i - local;
         c->sup = s;
         uv_timer_init(s->loop, &c->restart_timer);
         c->restart_timer.data = c;
@@ -980,7 +1060,11 @@ int launch_run(const struct launch_opts *opts)
     uv_loop_close(s->loop);
     if (s->metrics)
         fclose(s->metrics);
+    if (s->relay)
+        relay_stop(s->relay, s->exit_code == 0);
     state_destroy(&s->st);
+    if (s->exit_code == 0)
+        hosts_finalize(&s->st.hosts);
     if (s->fatal_at_start)
         s->exit_code = 2;
     else if (s->crash_loop)

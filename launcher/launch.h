@@ -10,6 +10,7 @@
 #include "common/model_config.h"
 #include "common/plan.h"
 #include "common/topology.h"
+#include "launcher/hosts.h"
 #include "shm/ctl.h"
 #include "shm/region.h"
 
@@ -19,6 +20,7 @@ struct job_state {
     struct layout lay;
     struct plan plan;
     struct topology topo; /* found before planning (topology_for_job) */
+    struct hosts hosts;   /* several hosts under MPI: this one's place (count 1 without MPI) */
     char job_name[32];
     char config_json[JOB_PATH_MAX + 16];
     struct shm_region ctl_region, params16_region, master_region, grads_region;
@@ -34,6 +36,8 @@ struct job_state {
 /* Validates the job (model config, data, plan on st->topo, host memory) and creates and initialises the shared
  * state: weights loaded or drawn, Adam moments zero, versions 0. On failure nothing is left. */
 int state_create(struct job_state *st);
+/* Several hosts, sharded: drops this host's copy of the optimizer state of the chunks others hold. */
+void state_release_remote_chunks(struct job_state *st);
 /* Unmaps and removes the job's shm objects. */
 void state_destroy(struct job_state *st);
 /* A process's start time in clock ticks since boot (/proc/<pid>/stat field 22); 0 when it is gone. */

@@ -6,6 +6,7 @@
 
 #include "common/err.h"
 #include "common/job.h"
+#include "launcher/hosts.h"
 #include "launcher/launch.h"
 #include "planner/calib.h"
 #include "shm/ctl.h"
@@ -27,7 +28,12 @@ static int clean_job(const char *ini, int n, char **overrides)
         return 2;
     }
     char name[32], obj[REGION_NAME_MAX];
-    ctl_job_name(job.log_dir, name, sizeof name);
+    struct hosts hosts; /* under mpirun or srun: this host's state */
+    if (hosts_detect(&hosts) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return 2;
+    }
+    ctl_host_job_name(job.log_dir, hosts.count, hosts.index, name, sizeof name);
     struct job_shm shm;
     if (job_shm_attach(&shm, name, JOB_MAP_CTL, true) == 0) {
         int pid = atomic_load(&shm.ctl->launcher_pid);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/bf16.h"
@@ -169,6 +170,8 @@ static void unlink_data_regions(const char *job_name)
  * before its weights were in place: nothing was trained, so it is removed), 1 when a dead launcher
  * left an initialised state of this very configuration behind (to be adopted), -1 (with the
  * reason) when a live job holds them, they belong to another configuration, or are not ours. */
+#define STOPPING_WAIT_MS 30000
+
 static int check_existing_state(const struct job_state *st)
 {
     char name[REGION_NAME_MAX];
@@ -193,9 +196,20 @@ static int check_existing_state(const struct job_state *st)
         unfinished = true; /* created, the header never written */
     }
     shm_region_detach(&r);
+    /* several hosts: a launcher of the run before (another host was lost) may still be stopping */
+    for (int waited = 0; st->hosts.count > 1 && pid > 0 && kill(pid, 0) == 0 && waited < STOPPING_WAIT_MS; waited += 10)
+        usleep(10000);
     if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM))
         return sd_err("job %s (log.dir %s) is already running under launcher pid %d", st->job_name, st->job.log_dir,
                       pid);
+    if (!unfinished && st->hosts.count > 1) {
+        /* the other hosts went on without it: training continues from the newest checkpoint */
+        printf("slidedp: host %d: removing the shared state a dead launcher left (several hosts resume from "
+               "the checkpoint on disk)\n", st->hosts.index);
+        shm_region_unlink(name);
+        unlink_data_regions(st->job_name);
+        return 0;
+    }
     if (unfinished) {
         printf("slidedp: removing the shared state of a launcher that died while creating it (nothing was "
                "trained)\n");
@@ -297,6 +311,8 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->plan = st->plan;
     h->topo = st->topo;
     h->gpus = st->shape.gpus;
+    h->hosts = st->hosts.count;
+    h->host_index = st->hosts.index;
     h->optim_procs = st->shape.optim_procs;
     h->grad_slots = st->shape.grad_slots;
     h->num_tensors = st->shape.num_tensors;
@@ -337,10 +353,19 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     plan_assign_owners(&st->lay, st->plan.optim_procs, owner);
     for (int c = 0; c < st->lay.num_chunks; c++)
         ctl_chunk_state(h, c)->owner = owner[c];
+    /* sharded: the chunks are spread over the hosts by the rule that spreads them over optimizers */
+    h->hosts_sharded = st->hosts.count > 1 && st->job.host_state == HOST_STATE_SHARDED;
+    if (h->hosts_sharded)
+        plan_assign_owners(&st->lay, st->hosts.count, owner);
+    for (int c = 0; c < st->lay.num_chunks; c++)
+        ctl_chunk_state(h, c)->host = h->hosts_sharded ? owner[c] : st->hosts.index;
     free(owner);
     for (int r = 0; r < h->gpus; r++)
-        for (int k = 0; k < h->optim_procs; k++)
+        for (int k = 0; k < h->optim_procs; k++) {
             ring_init(ctl_ring(h, r, k));
+            /* the local optimizers take this host's gradients once the relay has sent them */
+            ctl_ring(h, r, k)->relay_gated = h->hosts > 1 && ctl_rank_is_local(h, r);
+        }
     for (int i = 0; i < h->gpus + h->optim_procs; i++)
         atomic_store(&((struct proc_slot *)((char *)h + h->off_procs))[i].generation, 1);
     uint32_t first = st->resumed_step + 1;
@@ -467,7 +492,8 @@ int state_create(struct job_state *st)
     struct data_set data;
     if (data_open(job->data_train, job->seq_len, st->cfg.vocab_size, job->shuffle, job->seed, &data) != 0)
         return sd_err_prefix("[data] train");
-    if (data_check_targets(&data, job->steps, job_sequences_per_step(job)) != 0) {
+    /* job->gpus counts this host's ranks until the hosts' ranks are added below */
+    if (data_check_targets(&data, job->steps, st->hosts.count * job_sequences_per_step(job)) != 0) {
         data_close(&data);
         return sd_err_prefix("[data] train %s", job->data_train);
     }
@@ -479,6 +505,16 @@ int state_create(struct job_state *st)
     }
     if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
         return -1;
+    /* several hosts: host 0's plan for one host on every host, and the state shaped for every
+     * rank of the job (the relay posts the other hosts' gradients as theirs) */
+    if (st->hosts.count > 1 && job->weights_source == WEIGHTS_MASTER)
+        return sd_err("[runtime] weights_source = master is for one host: several hosts read the bf16 copy (the "
+                      "other hosts' updated chunks arrive into it)");
+    if (hosts_share_plan(&st->hosts, &st->plan) != 0)
+        return -1;
+    if (st->hosts.count * job->gpus > JOB_MAX_GPUS)
+        return sd_err("%d hosts x %d GPUs exceed %d ranks", st->hosts.count, job->gpus, JOB_MAX_GPUS);
+    job->gpus *= st->hosts.count;
     if (layout_build(&st->cfg, st->plan.layers_per_chunk, &st->lay) != 0)
         return -1;
     struct hf_weights weights = {0};
@@ -487,8 +523,12 @@ int state_create(struct job_state *st)
     ctl_shape_of(job, &st->plan, &st->lay, &st->shape);
     struct ctl_sizes sz;
     int rc = ctl_compute_sizes(&st->shape, &sz);
-    ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
+    ctl_host_job_name(job->log_dir, st->hosts.count, st->hosts.index, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);
+    if (rc == 0 && hosts_check_same_job(&st->hosts, st->job_hash) != 0) {
+        hf_weights_close(&weights);
+        return -1;
+    }
     int existing = rc == 0 ? check_existing_state(st) : -1;
     if (existing == 1) {
         hf_weights_close(&weights);
@@ -546,9 +586,44 @@ int state_create(struct job_state *st)
         state_destroy(st);
         return -1;
     }
+    state_release_remote_chunks(st);
     /* release: the weights and the header are complete before a relaunch may adopt them */
     atomic_store_explicit(&st->shm.ctl->initialised, 1, memory_order_release);
     return 0;
+}
+
+/* Gives the pages of master, m, v and the accumulator of every chunk another host holds back to
+ * the system (several hosts, sharded): this host never reads them, so its shm holds about 1/H of
+ * the optimizer state. After the initial weights, a resume, and each checkpoint host 0 gathers. */
+void state_release_remote_chunks(struct job_state *st)
+{
+    struct ctl_header *h = st->shm.ctl;
+    if (!h->hosts_sharded)
+        return;
+    size_t state_size = ctl_state_size(st->job.optimizer_state);
+    struct {
+        void *base;
+        size_t elem;
+    } arrays[4] = {{st->shm.master, 4},
+                   {st->shm.exp_avg ? (void *)st->shm.exp_avg : (void *)st->shm.exp_avg16, state_size},
+                   {st->shm.exp_avg_sq ? (void *)st->shm.exp_avg_sq : (void *)st->shm.exp_avg_sq16, state_size},
+                   {st->shm.grad_acc, 4}};
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int c = 0; c < h->num_chunks; c++) {
+        if (ctl_chunk_is_here(h, c))
+            continue;
+        const struct chunk_desc *ch = &ctl_chunks(h)[c];
+        for (int a = 0; a < 4; a++) {
+            if (!arrays[a].base)
+                continue;
+            uintptr_t begin = (uintptr_t)arrays[a].base + (uintptr_t)ch->offset * arrays[a].elem;
+            uintptr_t end = begin + (uintptr_t)ch->numel * arrays[a].elem;
+            begin = (begin + page - 1) & ~(page - 1);
+            end &= ~(page - 1);
+            if (end > begin)
+                madvise((void *)begin, end - begin, MADV_REMOVE);
+        }
+    }
 }
 
 void state_destroy(struct job_state *st)

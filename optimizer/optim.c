@@ -212,6 +212,24 @@ static void release_desc(struct optim *o, struct ring *ring, const struct chunk_
     ring_pop(ring);
 }
 
+/* Several hosts, sharded: whether d is a gradient another host sums (the relay has sent it there). */
+static bool summed_elsewhere(struct optim *o, const struct chunk_desc_msg *d)
+{
+    return d->chunk < (uint32_t)o->ctl->num_chunks && !ctl_chunk_is_here(o->ctl, (int)d->chunk);
+}
+
+/* Pops what heads our rings and is summed elsewhere: while we wait for the other hosts, the
+ * workers must not run out of slots to the next step's gradients of their chunks. */
+static void drop_summed_elsewhere(struct optim *o)
+{
+    struct chunk_desc_msg d;
+    for (int r = 0; r < o->ctl->gpus; r++) {
+        struct ring *ring = ctl_ring(o->ctl, r, o->index);
+        while (ring_peek(ring, &d) && summed_elsewhere(o, &d))
+            release_desc(o, ring, &d);
+    }
+}
+
 /* Lane t adds its blocks of the descriptor's gradient to the accumulator. */
 static void reduce_lane(struct optim *o, int t)
 {
@@ -460,7 +478,14 @@ static int reduce_step(struct optim *o, uint32_t s, bool update_now)
             struct chunk_desc_msg d;
             /* once our chunks are complete, the workers may post the next step's gradients: they
              * wait for the next call */
-            while (remaining > 0 && ring_peek(ring, &d)) {
+            while (ring_peek(ring, &d)) {
+                if (summed_elsewhere(o, &d)) {
+                    release_desc(o, ring, &d);
+                    progressed = true;
+                    continue;
+                }
+                if (remaining == 0)
+                    break;
                 check_desc(o, &d, r, s);
                 struct chunk_state *cs = ctl_chunk_state(h, (int)d.chunk);
                 if (chunk_grad_consumed(cs, d.step, d.micro)) { /* added before a crash; only the release was missing */
@@ -523,7 +548,12 @@ static double global_norm(struct optim *o, uint32_t s)
         if (atomic_load(&h->abandoned_step) == s)
             return -1;
         set_phase(o, PHASE_WAIT_NORM);
-        futex_wait(&h->reduce_seq, seen, WAIT_SLICE_MS);
+        if (h->hosts_sharded) {
+            drop_summed_elsewhere(o);
+            futex_wait(&h->reduce_seq, seen, 1);
+        } else {
+            futex_wait(&h->reduce_seq, seen, WAIT_SLICE_MS);
+        }
         if (torn_down(o))
             return -1;
     }
@@ -545,6 +575,7 @@ static int wait_checkpoint(struct optim *o, uint32_t s)
         if (done >= due)
             return 0;
         set_phase(o, PHASE_WAIT_NORM);
+        drop_summed_elsewhere(o);
         futex_wait(&h->ckpt_done_step, done, WAIT_SLICE_MS);
         if (torn_down(o))
             return -1;
@@ -663,7 +694,7 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
         return sd_err("out of memory");
     for (int c = 0; c < h->num_chunks; c++) {
         o->chunk_pos[c] = -1;
-        if (ctl_chunk_state(h, c)->owner == o->index) {
+        if (ctl_chunk_state(h, c)->owner == o->index && ctl_chunk_is_here(h, c)) {
             o->chunk_pos[c] = o->num_chunks;
             o->chunks[o->num_chunks++] = c;
         }
@@ -699,6 +730,8 @@ int optim_run(const struct optim_args *args)
         uint32_t v = atomic_load(&ctl_chunk_state(h, o->chunks[i])->version);
         last = v < last ? v : last;
     }
+    if (o->num_chunks == 0) /* several hosts, sharded: all of ours are summed elsewhere */
+        last = ctl_committed_step(h);
     uint32_t first = last + 1;
     if (o->index == 0 && last > 0 && atomic_load(&ctl_step(h, last)->step) == last &&
         !atomic_load(&ctl_step(h, last)->norm_written))

@@ -205,6 +205,9 @@ void ctl_recycle_step(struct ctl_header *h, uint32_t s)
     atomic_store_explicit(&rec->step, s + CTL_STEP_RECORDS, memory_order_release);
 }
 
+/* tests/test_hosts.sh reads a stopped launcher's pid from its ctl object at this byte */
+_Static_assert(offsetof(struct ctl_header, launcher_pid) == 88, "ctl_header.launcher_pid moved");
+
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len)
 {
     snprintf(out, len, "/slidedp.%s.%s", job_name, what);
@@ -212,10 +215,18 @@ void ctl_region_name(const char *job_name, const char *what, char *out, size_t l
 
 void ctl_job_name(const char *log_dir, char *out, size_t len)
 {
+    ctl_host_job_name(log_dir, 1, 0, out, len);
+}
+
+void ctl_host_job_name(const char *log_dir, int hosts, int host_index, char *out, size_t len)
+{
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
     for (const unsigned char *p = (const unsigned char *)log_dir; *p; p++)
         h = (h ^ *p) * 0x100000001b3ull;
-    snprintf(out, len, "%012llx", (unsigned long long)(h & 0xffffffffffffull));
+    if (hosts > 1)
+        snprintf(out, len, "%012llx-h%d", (unsigned long long)(h & 0xffffffffffffull), host_index);
+    else
+        snprintf(out, len, "%012llx", (unsigned long long)(h & 0xffffffffffffull));
 }
 
 int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *name)

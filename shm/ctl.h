@@ -104,6 +104,9 @@ struct chunk_state {
     alignas(64) _Atomic uint32_t version; /* updates applied to this chunk of params16 (= its step) */
     _Atomic uint32_t reduced_step;        /* last step whose gradient is fully accumulated */
     int32_t owner;                        /* optimizer process index */
+    int32_t host;                         /* the host whose optimizers sum and update it (several
+                                           * hosts, sharded); the others take its sumsq, reduced_step,
+                                           * params16 and version from the relay */
     _Atomic uint64_t next_micro;          /* (step << 32) | next micro-batch of that step to add */
     double sumsq[2];                      /* squared L2 norm of the reduced gradient, by step parity */
     /* Progress inside the operation an optimizer is applying, so a restarted one resumes it
@@ -244,7 +247,10 @@ struct ctl_header {
     struct model_config model;
     struct plan plan;
 
-    int32_t gpus, optim_procs, grad_slots;
+    int32_t gpus, optim_procs, grad_slots; /* gpus: the job's ranks on every host (hosts x local ones) */
+    int32_t hosts, host_index;      /* several hosts (docs/design.md §11): this host runs ranks
+                                     * [host_index * gpus / hosts, (host_index + 1) * gpus / hosts) */
+    bool hosts_sharded;             /* each host sums and updates only its chunks (chunk_state.host) */
     int32_t num_tensors, num_chunks;
     int32_t first_step;             /* first step this run executes (1, or after a resume) */
     int64_t total_numel, max_chunk_numel, num_params;
@@ -342,6 +348,9 @@ void ctl_recycle_step(struct ctl_header *h, uint32_t s);
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len);
 /* The job name for a log directory (a stable hash, so a relaunch finds the same state). */
 void ctl_job_name(const char *log_dir, char *out, size_t len);
+/* The same for host host_index of a job on several hosts (so hosts sharing a machine never share
+ * an object): "<hash>-h<index>". */
+void ctl_host_job_name(const char *log_dir, int hosts, int host_index, char *out, size_t len);
 
 static inline struct tensor_desc *ctl_tensors(struct ctl_header *h)
 {
@@ -402,6 +411,26 @@ static inline uint64_t xchg_grad_key(const struct ctl_header *h, uint32_t step, 
 {
     return ((uint64_t)step * (uint64_t)h->job.grad_accum + a) * (uint64_t)h->num_chunks +
            (uint64_t)(h->num_chunks - 1 - c);
+}
+
+/* The first of this host's ranks and their count (all of them on one host). */
+static inline int ctl_local_first(const struct ctl_header *h)
+{
+    return h->host_index * (h->gpus / h->hosts);
+}
+static inline int ctl_local_ranks(const struct ctl_header *h)
+{
+    return h->gpus / h->hosts;
+}
+static inline bool ctl_rank_is_local(const struct ctl_header *h, int r)
+{
+    return r >= ctl_local_first(h) && r < ctl_local_first(h) + ctl_local_ranks(h);
+}
+
+/* Whether this host's optimizers sum and update chunk c (always on one host, and when replicated). */
+static inline bool ctl_chunk_is_here(struct ctl_header *h, int c)
+{
+    return ctl_chunk_state(h, c)->host == h->host_index;
 }
 
 /* The lowest published chunk version: every step up to it is committed. */

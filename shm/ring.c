@@ -25,8 +25,9 @@ bool ring_push(struct ring *r, const struct chunk_desc_msg *m)
 bool ring_peek(struct ring *r, struct chunk_desc_msg *m)
 {
     uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed); /* only we write tail */
-    /* acquire: pairs with the producer's release of head in ring_push */
-    uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+    /* acquire: pairs with the producer's release of head in ring_push (or the relay's release of
+     * relayed, which it stores after reading the element and its gradient) */
+    uint32_t head = atomic_load_explicit(r->relay_gated ? &r->relayed : &r->head, memory_order_acquire);
     if (head == tail)
         return false;
     *m = r->elems[tail & (RING_CAP - 1)];

@@ -37,13 +37,18 @@ struct chunk_desc_msg {
 struct ring {
     alignas(64) _Atomic uint32_t head; /* next index the producer writes; written by the producer */
     alignas(64) _Atomic uint32_t tail; /* next index the consumer reads; written by the consumer */
+    /* Several hosts: the consumer sees an element only once the relay (launcher/bridge.c) has sent
+     * it to the other hosts, i.e. below `relayed` instead of `head`; written by the relay. */
+    alignas(64) _Atomic uint32_t relayed;
+    uint32_t relay_gated;
     alignas(64) struct chunk_desc_msg elems[RING_CAP];
 };
 
 void ring_init(struct ring *r);
 /* Producer side. False when full. */
 bool ring_push(struct ring *r, const struct chunk_desc_msg *m);
-/* Consumer side: copy of the oldest element without consuming it; false when empty. */
+/* Consumer side: copy of the oldest element without consuming it; false when empty (or, gated,
+ * when the oldest is not relayed yet). */
 bool ring_peek(struct ring *r, struct chunk_desc_msg *m);
 void ring_pop(struct ring *r);
 uint32_t ring_count(struct ring *r);

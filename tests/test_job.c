@@ -67,6 +67,8 @@ static const char *full_ini = "; every contract key\n"
                               "device = cpu\n"
                               "gpus = 4\n"
                               "gpu_mem = 24G\n"
+                              "host_state = sharded\n"
+                              "host_link_gbps = 12.5\n"
                               "[log]\n"
                               "dir = out\n"
                               "every = 7\n";
@@ -107,6 +109,8 @@ static void test_all_keys(void **state)
     assert_int_equal(job.device, DEVICE_CPU);
     assert_int_equal(job.gpus, 4);
     assert_true(job.gpu_mem == 24ll << 30);
+    assert_int_equal(job.host_state, HOST_STATE_SHARDED);
+    assert_float_equal(job.host_link_gbps, 12.5, 0);
     snprintf(want, sizeof want, "%s/out", dir);
     assert_string_equal(job.log_dir, want);
     assert_int_equal(job.log_every, 7);
@@ -133,6 +137,8 @@ static void test_defaults_and_overrides(void **state)
     assert_int_equal(job.gpus, 1);
     assert_true(job.gpu_mem == 0);
     assert_false(job.init_random);
+    assert_int_equal(job.host_state, HOST_STATE_AUTO);
+    assert_float_equal(job.host_link_gbps, 0, 0);
 
     char *ovr[] = {"train.steps=7", "runtime.gpus=2", "data.seq_len=16", "runtime.gpu_mem=512M", "log.dir=/tmp/x/../y"};
     assert_int_equal(load_text(ini, 5, ovr, &job), 0);
@@ -186,6 +192,8 @@ static void test_bad_inputs(void **state)
         {NULL, "train.nothing=1", {"override", "unknown key", ""}},
         {NULL, "steps=5", {"override 'steps=5'", "section.key=value", ""}},
         {NULL, "runtime.gpus=100", {"override", "gpus", "[1, 64]"}},
+        {NULL, "runtime.host_state=mirrored", {"override", "host_state", "auto|replicated|sharded"}},
+        {NULL, "runtime.host_link_gbps=-3", {"override", "host_link_gbps", "'-3'"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct job_config job;

@@ -148,8 +148,8 @@ static int train_step(struct worker *w, uint32_t s)
         return sd_err("step %u has no unmasked targets in its global batch", s);
     struct step_record *rec = ctl_step(h, s);
     SD_ASSERT(atomic_load(&rec->step) == s || step_logged(w, s));
-    if (w->rank == 0)
-        rec->tokens = ntargets; /* a late write to a recycled record: rank 0 sets it again for that step */
+    if (w->rank == ctl_local_first(h))
+        rec->tokens = ntargets; /* a late write to a recycled record: this rank sets it again for that step */
     struct model_io io = worker_io;
     io.ctx = w;
     w->need_version = s - 1;
