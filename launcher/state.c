@@ -470,7 +470,7 @@ int state_create(struct job_state *st)
             return sd_err_prefix("[data] val");
         data_close(&data);
     }
-    if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
+    if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), 1, &st->plan) != 0)
         return -1;
     if (layout_build(&st->cfg, st->plan.layers_per_chunk, &st->lay) != 0)
         return -1;

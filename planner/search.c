@@ -232,10 +232,11 @@ static int slot_candidates(const struct job_config *job, int *out)
 
 /* Micro-steps summing their gradients on the device: forced, or tried on CUDA when there are
  * several (worker/model.c supports it on either backend; the CPU backend gains little). Never with
- * GPU-side gradients: their shard accumulators sum the micro-steps instead. */
-static int accumulate_candidates(const struct job_config *job, int grad_route, int *out)
+ * GPU-side gradients: their shard accumulators sum the micro-steps instead; never on several hosts,
+ * which sum every micro-step's gradient in the job's order. */
+static int accumulate_candidates(const struct job_config *job, int grad_route, int hosts, int *out)
 {
-    if (grad_route == GRADS_GPU) {
+    if (grad_route == GRADS_GPU || hosts > 1) {
         out[0] = 0;
         return 1;
     }
@@ -269,7 +270,7 @@ static int search_shapes(struct search *S, const struct plan *tmpl)
 {
     int lpcs[MAX_CANDS], bufs[MAX_CANDS], modes[2], accs[2];
     int nl = lpc_candidates(S->job, S->cfg->num_layers, lpcs), nm = mode_candidates(S->job, modes);
-    int na = accumulate_candidates(S->job, tmpl->grad_route, accs);
+    int na = accumulate_candidates(S->job, tmpl->grad_route, tmpl->hosts, accs);
     for (int i = 0; i < nl; i++) {
         struct cand_layout cl;
         if (cand_layout_build(S->cfg, lpcs[i], &cl) != 0)
@@ -399,6 +400,12 @@ static void add_whatif(struct search *S, struct plan_info *info, const char *wha
     cand_layout_free(&cl);
 }
 
+/* Whether the search's best plan fits the host's memory (unknown memory: it does). */
+static bool best_fits_host(const struct search *S)
+{
+    return S->host_avail <= 0 || S->best_host.total <= S->host_avail;
+}
+
 /* Host memory of the job's model with L decoder layers under optimizer state st, on plan p with
  * its first `kept` layers keeping their activations; the model's parameters in *params. -1 when
  * its layout cannot be built. */
@@ -458,6 +465,22 @@ static void report_state_modes(const struct search *S, const struct plan *p, int
     }
 }
 
+/* Several hosts: each host state's fastest step, and the chosen plan's host memory per host under
+ * each. */
+static void report_host_states(const struct search *S, const struct plan *p, int kept, const double *steps,
+                               struct plan_info *info)
+{
+    info->link_bw = cost_link_bw(S->job);
+    for (int st = HOST_STATE_REPLICATED; st <= HOST_STATE_SHARDED; st++) {
+        struct plan q = *p;
+        q.host_state = st;
+        int64_t params;
+        info->host_states[st].step_s = steps[st];
+        info->host_states[st].host_bytes =
+            host_bytes_with(S, &q, kept, S->cfg->num_layers, S->job->optimizer_state, &params);
+    }
+}
+
 /* ---- routes ---- */
 
 /* The route combinations a job may take, and why. */
@@ -473,11 +496,19 @@ static int no_p2p_err(const char *key, const char *value, int a, int b)
     return sd_err("[runtime] %s = %s needs P2P between every pair of GPUs; GPUs %d and %d have none", key, value, a, b);
 }
 
-/* One GPU: no peers. Forced routes: as job.ini says, where every pair of GPUs has P2P. Auto: the
- * peer routes are tried where every pair has P2P, except on the CPU backend, whose peer copies go
- * through shared memory rather than a PCIe link and save nothing. */
-static int route_candidates(const struct job_config *job, const struct topology *topo, struct route_set *rs)
+/* One GPU: no peers. Several hosts: replicated parameters and gradients through host memory, what
+ * slidedp-launch runs across hosts whatever job.ini says. Forced routes: as job.ini says, where
+ * every pair of GPUs has P2P. Auto: the peer routes are tried where every pair has P2P, except on
+ * the CPU backend, whose peer copies go through shared memory rather than a PCIe link and save
+ * nothing. */
+static int route_candidates(const struct job_config *job, const struct topology *topo, int hosts,
+                            struct route_set *rs)
 {
+    if (hosts > 1) {
+        *rs = (struct route_set){.n = 1, .param_route = {PARAMS_REPLICATED}, .grad_route = {GRADS_CPU}};
+        snprintf(rs->reason, sizeof rs->reason, "several hosts: the gradients cross through host memory");
+        return 0;
+    }
     if (job->grad_route == GRADS_GPU && job->accumulate_on_device == 1)
         return sd_err("[runtime] accumulate_on_device = true cannot go with grad_route = gpu (its shard accumulators "
                       "sum the micro-steps on the GPUs)");
@@ -556,6 +587,46 @@ static int search_routes(const struct search *base, const struct plan *tmpl, con
     return 0;
 }
 
+/* search_routes for each host state the job may take: with one host replicated; forced; or with
+ * auto both, and replicated stays when it fits the host's memory and is not slower by more than
+ * noise, else sharded. steps[state] receives each state's fastest step (0: none fits), reason why
+ * the state was taken. */
+static int search_host_states(const struct search *base, const struct plan *tmpl, const struct route_set *rs,
+                              struct search *best, struct plan_route_option *options, double *steps, char *reason,
+                              size_t reason_len)
+{
+    int states[2] = {HOST_STATE_REPLICATED, HOST_STATE_SHARDED}, n = 2;
+    if (tmpl->hosts == 1 || base->job->host_state != HOST_STATE_AUTO) {
+        states[0] = tmpl->hosts == 1 ? HOST_STATE_REPLICATED : (int)base->job->host_state;
+        n = 1;
+    }
+    int evaluated = 0;
+    for (int i = 0; i < n; i++) {
+        struct search S;
+        struct plan_route_option opts[PLAN_MAX_ROUTES];
+        struct plan t = *tmpl;
+        t.host_state = states[i];
+        if (search_routes(base, &t, rs, &S, opts) != 0)
+            return -1;
+        evaluated += S.evaluated;
+        steps[states[i]] = S.found ? S.best_pred.step_s : 0;
+        bool replicated_stays = i > 0 && best->found && best_fits_host(best) &&
+                                (!S.found || best->best_pred.step_s <= S.best_pred.step_s * 1.002);
+        if (i > 0)
+            snprintf(reason, reason_len, "%s", replicated_stays ? "auto: replicated fits and is not slower"
+                                               : !best->found || !best_fits_host(best) ? "auto: replicated does not fit the host's memory"
+                                                                                       : "auto: sharded is faster");
+        if (i == 0 || (!replicated_stays && (S.found || !best->found))) {
+            *best = S;
+            memcpy(options, opts, sizeof opts);
+        }
+    }
+    if (n == 1)
+        snprintf(reason, reason_len, "%s", tmpl->hosts == 1 ? "one host" : "set in job.ini");
+    best->evaluated = evaluated;
+    return 0;
+}
+
 static void report_routes(struct plan_info *info, const struct route_set *rs, const struct plan_route_option *options,
                           bool found)
 {
@@ -603,7 +674,7 @@ static void explain_failure(struct search *S, const struct plan *tmpl, struct pl
 }
 
 int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
-                const struct topology *topo, int host_cpus, struct plan *plan, struct plan_info *info)
+                const struct topology *topo, int host_cpus, int hosts, struct plan *plan, struct plan_info *info)
 {
     memset(plan, 0, sizeof *plan);
     int L = cfg->num_layers;
@@ -622,12 +693,14 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
             return sd_err("[runtime] optim_procs = %d: the model has only %d chunks to share out", job->optim_procs,
                           num_chunks);
     }
+    if (hosts < 1 || hosts > PLAN_MAX_HOSTS)
+        return sd_err("%d hosts: 1 to %d are supported", hosts, PLAN_MAX_HOSTS);
     if (job->update_mode == UPDATE_DURING_BACKWARD && job->grad_clip > 0)
         return sd_err("[runtime] update_mode = during_backward needs train.grad_clip = 0 (clipping needs the global "
                       "norm before any update)");
     SD_ASSERT(topo->gpus == job->gpus);
     struct route_set routes;
-    if (route_candidates(job, topo, &routes) != 0)
+    if (route_candidates(job, topo, hosts, &routes) != 0)
         return -1;
 
     bool cpu = job->device == DEVICE_CPU;
@@ -644,18 +717,23 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         .optim_threads = job->optim_threads > 0 ? job->optim_threads : 1,
         .param_route = PARAMS_REPLICATED,
         .grad_route = GRADS_CPU,
+        .hosts = hosts,
+        .host_state = HOST_STATE_REPLICATED,
     };
     /* about 64 MiB of logits at a time to start with (search_logits tries more) */
     tmpl.logits_rows = logits_rows_of(job, cfg, 64);
 
     struct search S;
     struct plan_route_option options[PLAN_MAX_ROUTES];
-    if (search_routes(&base, &tmpl, &routes, &S, options) != 0)
+    double state_steps[3] = {0};
+    char state_reason[128];
+    if (search_host_states(&base, &tmpl, &routes, &S, options, state_steps, state_reason, sizeof state_reason) != 0)
         return -1;
     bool host_fits = S.found;
     if (!S.found) { /* nothing fits the host's memory too: plan for the device alone, and say so */
         base.enforce_host = false;
-        if (search_routes(&base, &tmpl, &routes, &S, options) != 0)
+        if (search_host_states(&base, &tmpl, &routes, &S, options, state_steps, state_reason, sizeof state_reason) !=
+            0)
             return -1;
     }
     if (!S.found) {
@@ -663,6 +741,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
             struct plan smallest_routes = tmpl;
             smallest_routes.param_route = S.min_plan.param_route;
             smallest_routes.grad_route = S.min_plan.grad_route;
+            smallest_routes.host_state = S.min_plan.host_state;
             explain_failure(&S, &smallest_routes, info);
             report_routes(info, &routes, options, false);
         }
@@ -689,6 +768,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     plan->predicted_p2p_s = S.best_pred.p2p_s;
     plan->predicted_host_mem_s = S.best_pred.host_mem_s;
     plan->predicted_exposed_s = S.best_pred.exposed_s;
+    plan->predicted_link_s = S.best_pred.link_s;
     plan->bottleneck = S.best_pred.bottleneck;
     plan->gpu_bytes = S.best_gpu.total;
     plan->gpu_context_bytes = S.best_gpu.context;
@@ -713,17 +793,19 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         if (!cpu)
             add_whatif(&S, info, "recomputed layers' inputs offloaded to host", true);
         report_state_modes(&S, plan, S.best_kept, info);
+        report_host_states(&S, plan, S.best_kept, state_steps, info);
+        snprintf(info->host_state_reason, sizeof info->host_state_reason, "%s", state_reason);
     }
     return 0;
 }
 
 int plan_make(const struct job_config *job, const struct model_config *cfg, const struct topology *topo,
-              int host_cpus, struct plan *plan)
+              int host_cpus, int hosts, struct plan *plan)
 {
     struct calib cal;
     if (calib_load(&cal) != 0)
         return sd_err_prefix("planner calibration");
-    return plan_choose(job, cfg, &cal, topo, host_cpus, plan, NULL);
+    return plan_choose(job, cfg, &cal, topo, host_cpus, hosts, plan, NULL);
 }
 
 void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner)
@@ -761,7 +843,8 @@ void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner)
 const char *plan_bottleneck_name(int bottleneck)
 {
     static const char *names[] = {"device compute", "weights host->device", "gradients device->host",
-                                  "GPU peer copies", "CPU optimizer", "host memory bandwidth"};
+                                  "GPU peer copies", "CPU optimizer", "host memory bandwidth",
+                                  "link between hosts"};
     return bottleneck >= 0 && bottleneck < (int)(sizeof names / sizeof names[0]) ? names[bottleneck] : "?";
 }
 
@@ -776,9 +859,9 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
     for (int l = 0; l < cfg->num_layers; l++)
         kept += plan->keep_acts[l];
     char slots[64];
-    if (plan_grads_direct(plan, job->gpus, job->grad_accum))
+    if (cost_grads_direct(plan, job))
         snprintf(slots, sizeof slots, "gradients straight into the accumulator (%s)",
-                 plan_grads_bf16(plan, job) ? "bf16" : "fp32");
+                 cost_grads_bf16(plan, job) ? "bf16" : "fp32");
     else
         snprintf(slots, sizeof slots, "%d grad slots per rank", plan->grad_slots);
     fprintf(f, "plan: %d layer(s) per chunk, %d chunk buffers, %s, %d optimizer process(es) x %d thread(s)\n",
@@ -793,4 +876,9 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
             plan->predicted_step_s, plan->predicted_compute_s, plan->predicted_h2d_s, plan->predicted_d2h_s,
             plan->predicted_optim_s, plan_bottleneck_name(plan->bottleneck), job->device == DEVICE_CPU ? "worker" : "GPU",
             (double)plan->gpu_bytes / GIB, (double)plan->host_bytes / GIB);
+    if (plan->hosts > 1)
+        fprintf(f, "plan: %d hosts, optimizer state %s across them, link %.1f GB/s each way%s: busy %.4f s per step\n",
+                plan->hosts, plan->host_state == HOST_STATE_SHARDED ? "sharded" : "replicated",
+                cost_link_bw(job) / 1e9, job->host_link_gbps > 0 ? "" : " (assumed: runtime.host_link_gbps = 0)",
+                plan->predicted_link_s);
 }

@@ -322,7 +322,7 @@ static int plan_no_p2p(const struct job_config *job, const struct model_config *
 {
     struct topology topo;
     topology_assumed(job->gpus, &topo);
-    return plan_choose(job, cfg, cal, &topo, 8, p, info);
+    return plan_choose(job, cfg, cal, &topo, 8, 1, p, info);
 }
 
 static int choose(const struct job_config *job, const struct model_config *cfg, struct plan *p, struct plan_info *info)
@@ -640,7 +640,7 @@ static void test_routes_from_topology(void **state)
         for (int i = 0; i < 4; i++) {
             job.param_route = params[i / 2];
             job.grad_route = grads[i % 2];
-            int rc = plan_choose(&job, &cfg, &cal, &p2p, 8, &p, NULL);
+            int rc = plan_choose(&job, &cfg, &cal, &p2p, 8, 1, &p, NULL);
             step[i] = rc == 0 ? p.predicted_step_s : INFINITY;
             if (rc == 0) {
                 assert_int_equal(p.param_route, params[i / 2]);
@@ -664,7 +664,7 @@ static void test_routes_from_topology(void **state)
         assert_true(fastest >= 0);
         job.param_route = ROUTE_AUTO;
         job.grad_route = GRADS_AUTO;
-        assert_int_equal(plan_choose(&job, &cfg, &cal, &p2p, 8, &p, &info), 0);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &p2p, 8, 1, &p, &info), 0);
         printf("# 14B, 4 x %d GiB with P2P, auto: %s, step %.4f s (%s)\n", budget,
                routes_name(p.param_route, p.grad_route), p.predicted_step_s, info.route_reason);
         assert_int_equal(p.param_route, params[fastest / 2]);
@@ -677,7 +677,7 @@ static void test_routes_from_topology(void **state)
         peers_won |= fastest != 0;
 
         /* no P2P: replicated/cpu, the same plan as forcing it where P2P exists */
-        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, &info), 0);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, 1, &p, &info), 0);
         printf("# 14B, 4 x %d GiB without P2P, auto: %s, step %.4f s (%s)\n", budget,
                routes_name(p.param_route, p.grad_route), p.predicted_step_s, info.route_reason);
         assert_int_equal(p.param_route, PARAMS_REPLICATED);
@@ -685,12 +685,12 @@ static void test_routes_from_topology(void **state)
         assert_true(fabs(p.predicted_step_s - step[0]) <= 1e-9 * step[0]);
         assert_string_equal(info.route_reason, "no P2P between GPUs 0 and 1");
         job.param_route = PARAMS_SHARDED;
-        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, NULL), -1);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, 1, &p, NULL), -1);
         assert_string_equal(sd_errmsg(), "[runtime] param_route = sharded needs P2P between every pair of GPUs; GPUs 0 "
                                          "and 1 have none");
         job.param_route = ROUTE_AUTO;
         job.grad_route = GRADS_GPU;
-        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, NULL), -1);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, 1, &p, NULL), -1);
         assert_string_equal(sd_errmsg(), "[runtime] grad_route = gpu needs P2P between every pair of GPUs; GPUs 0 and "
                                          "1 have none");
     }
@@ -704,7 +704,7 @@ static void expect_routes(const struct job_config *job, const struct topology *t
 {
     struct model_config cfg = medium();
     struct calib cal = test_calib();
-    assert_int_equal(plan_choose(job, &cfg, &cal, t, 8, p, info), 0);
+    assert_int_equal(plan_choose(job, &cfg, &cal, t, 8, 1, p, info), 0);
     printf("# %d x %s: %s (%s)\n", job->gpus, job->device == DEVICE_CPU ? "cpu" : "cuda",
            routes_name(p->param_route, p->grad_route), info->route_reason);
     assert_int_equal(p->param_route, param_route);
@@ -738,16 +738,16 @@ static void test_route_rules(void **state)
     for (int i = 0; i < 4; i++)
         t.p2p[i] = (uint64_t)1 << (i ^ 1);
     job.grad_route = GRADS_GPU;
-    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, &p, NULL), -1);
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, 1, &p, NULL), -1);
     assert_non_null(strstr(sd_errmsg(), "GPUs 0 and 2 have none"));
     /* the GPU-side route's shard accumulators replace on-device accumulation */
     t = host_of("examples/topology-4gpu-p2p.ini", 4);
     job.accumulate_on_device = 1;
-    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, &p, NULL), -1);
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, 1, &p, NULL), -1);
     printf("# %s\n", sd_errmsg());
     assert_non_null(strstr(sd_errmsg(), "accumulate_on_device = true cannot go with grad_route = gpu"));
     job.grad_route = GRADS_AUTO;
-    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, &p, &info), 0);
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, 1, &p, &info), 0);
     assert_int_equal(p.grad_route, GRADS_CPU);
     assert_int_equal(p.accumulate_on_device, 1);
     assert_string_equal(info.route_reason, "the fastest of 2 combinations");
