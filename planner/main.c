@@ -38,7 +38,10 @@ static const char *sz(double bytes)
 
 static const char *source_name(int src)
 {
-    return src == CALIB_MEASURED ? "measured now" : src == CALIB_CACHED ? "measured earlier (cache)" : "assumed";
+    return src == CALIB_MEASURED ? "measured now"
+           : src == CALIB_CACHED ? "measured earlier (cache)"
+           : src == CALIB_FILE   ? "a described host (--host-calib)"
+                                 : "assumed";
 }
 
 struct report {
@@ -509,7 +512,9 @@ static cJSON *calibration_json(const struct calib *cal)
     cJSON *c = cJSON_CreateObject();
     cJSON *ch = cJSON_AddObjectToObject(c, "host");
     cJSON_AddStringToObject(ch, "hostname", cal->hostname);
-    cJSON_AddStringToObject(ch, "source", cal->host_source == CALIB_MEASURED ? "measured" : "cached");
+    cJSON_AddStringToObject(ch, "source", cal->host_source == CALIB_MEASURED ? "measured"
+                                          : cal->host_source == CALIB_FILE   ? "described"
+                                                                             : "cached");
     cJSON_AddStringToObject(ch, "file", cal->host_file);
     cJSON_AddNumberToObject(ch, "ncpu", cal->host.ncpu);
     cJSON_AddItemToObject(ch, "memcpy_bw", curve_json(&cal->host.memcpy_bw));
@@ -581,13 +586,14 @@ static void print_failure(const struct job_config *job, const struct plan_info *
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: slidedp-plan job.ini [section.key=value ...] [--hosts H] [--json] [--recalibrate]\n");
+    fprintf(stderr, "usage: slidedp-plan job.ini [section.key=value ...] [--hosts H] [--host-calib FILE] [--json] "
+                    "[--recalibrate]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    const char *ini = NULL;
+    const char *ini = NULL, *host_calib = NULL;
     bool json = false;
     int hosts = 1;
     char **overrides = calloc((size_t)argc, sizeof *overrides);
@@ -608,11 +614,18 @@ int main(int argc, char **argv)
             }
             hosts = (int)h;
             i++;
+        } else if (!strcmp(argv[i], "--host-calib")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "slidedp-plan: --host-calib needs a calibration file\n");
+                return 2;
+            }
+            host_calib = argv[++i];
         }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
             return usage();
         else if (argv[i][0] == '-') {
-            fprintf(stderr, "slidedp-plan: unknown option %s (accepted: --hosts H, --json, --recalibrate)\n", argv[i]);
+            fprintf(stderr, "slidedp-plan: unknown option %s (accepted: --hosts H, --host-calib FILE, --json, "
+                            "--recalibrate)\n", argv[i]);
             return 2;
         } else if (!ini)
             ini = argv[i];
@@ -642,10 +655,12 @@ int main(int argc, char **argv)
     if (model_config_seq_len_warning(&cfg, job.seq_len, warning, sizeof warning))
         fprintf(stderr, "slidedp-plan: %s\n", warning);
     struct calib cal;
-    if (calib_load(&cal) != 0) {
+    if ((host_calib ? calib_load_described(host_calib, &cal) : calib_load(&cal)) != 0) {
         fprintf(stderr, "slidedp-plan: calibration: %s\n", sd_errmsg());
         return 2;
     }
+    /* a described host plans with its own cores */
+    int host_cpus = host_calib ? cal.host.ncpu : (int)sysconf(_SC_NPROCESSORS_ONLN);
     /* the launcher's topology; where there is no GPU to probe, assume no P2P rather than fail */
     struct topology topo;
     char bin_dir[PATH_MAX], topo_note[1024] = "";
@@ -659,7 +674,7 @@ int main(int argc, char **argv)
     }
     struct plan plan;
     struct plan_info info = {0};
-    if (plan_choose(&job, &cfg, &cal, &topo, (int)sysconf(_SC_NPROCESSORS_ONLN), hosts, &plan, &info) != 0) {
+    if (plan_choose(&job, &cfg, &cal, &topo, host_cpus, hosts, &plan, &info) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         if (info.failed)
             print_failure(&job, &info, sd_errmsg(), json);

@@ -2,8 +2,10 @@
  * gradient bytes per step for a chunk cache depth and for the peer routes, device and host memory
  * of a small config, the switch to recomputing layers as gpu_mem shrinks, the "nothing fits" error
  * with the smallest budget, job.ini choices honoured, the routes chosen for simulated 4-GPU
- * hosts with and without P2P, and the Qwen3-8B shape's host bytes per parameter and largest fitting
- * model in both optimizer_state modes. A fixed calibration, so no timing is involved. */
+ * hosts with and without P2P, the Qwen3-8B shape's host bytes per parameter and largest fitting
+ * model in both optimizer_state modes, and several hosts: the bytes crossing the link, the memory
+ * per host in both host states, auto's choice, and one host planned exactly as before. A fixed
+ * calibration, so no timing is involved. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -210,6 +212,132 @@ static void test_bytes_per_pass(void **state)
     layout_free(&lay);
 }
 
+/* Several hosts by hand: 3 hosts of 2 CUDA ranks, 3 micro-steps, fp32 gradients. Every rank posts
+ * every chunk's gradient each micro-step (3 x 2 x 4 bytes per parameter per host); replicated sends
+ * each post to the 2 other hosts, sharded sends each other host only its third of it and, after the
+ * update, its own third of the bf16 parameters to both others. */
+static void test_hosts_link_bytes(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct job_config job = job_of(DEVICE_CUDA, 2, 2, 8, 3);
+    struct layout lay;
+    struct step_pred one, pred;
+    struct plan p = hand_plan(1, 6, 4, 2, UPDATE_AFTER_BACKWARD);
+    price_plan(&cfg, &job, &p, &lay, &one, NULL, NULL);
+    double total = (double)lay.total_numel;
+    assert_true(one.link_bytes == 0 && one.link_s == 0);
+    layout_free(&lay);
+
+    p.hosts = 3;
+    p.host_state = HOST_STATE_REPLICATED;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    double replicated = 3 * 2 * 4.0 * total * 2;
+    printf("# 3 hosts x 2 ranks, replicated: %.0f bytes out per host (expect %.0f), link %.6f s\n", pred.link_bytes,
+           replicated, pred.link_s);
+    assert_true(fabs(pred.link_bytes - replicated) < 1e-9 * replicated);
+    assert_true(fabs(pred.link_s - replicated / COST_LINK_DEFAULT_BW) < 1e-12);
+    /* each host's optimizers add all 3 x 2 x 3 posts (12 bytes a parameter) and update everything */
+    assert_true(fabs(pred.optim_bytes - (18 * 12.0 + 30.0) * total) < 1e-9 * pred.optim_bytes);
+    /* the hosts' compute and transfers to their GPUs do not change */
+    assert_true(pred.compute_s == one.compute_s && pred.h2d_bytes == one.h2d_bytes && pred.d2h_bytes == one.d2h_bytes);
+    layout_free(&lay);
+
+    p.host_state = HOST_STATE_SHARDED;
+    job.host_link_gbps = 10;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    double sharded = 3 * 2 * 4.0 * total * 2 / 3 + 2.0 * total * 2 / 3;
+    printf("# 3 hosts x 2 ranks, sharded: %.0f bytes out per host (expect %.0f), link %.6f s\n", pred.link_bytes,
+           sharded, pred.link_s);
+    assert_true(fabs(pred.link_bytes - sharded) < 1e-9 * sharded);
+    assert_true(fabs(pred.link_s - sharded / 10e9) < 1e-12);
+    /* each host adds every host's posts of its third and updates its third */
+    assert_true(fabs(pred.optim_bytes - (18 * 12.0 + 30.0) * total / 3) < 1e-9 * pred.optim_bytes);
+    layout_free(&lay);
+
+    /* a link so slow it binds: the step is at least its busy time, and the bottleneck says so */
+    job.host_link_gbps = 0.001;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_int_equal(pred.bottleneck, BOTTLENECK_LINK);
+    assert_true(pred.step_s >= pred.link_s && pred.link_s > 100 * one.step_s);
+    layout_free(&lay);
+}
+
+/* Host memory per host: sharded holds the whole bf16 copy and a third of master, m, v and the
+ * accumulator; both hold the gradient slots of all 6 ranks of the job. */
+static void test_hosts_memory(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct job_config job = job_of(DEVICE_CUDA, 2, 2, 8, 3);
+    struct layout lay;
+    struct host_mem_pred one, rep, sh;
+    struct gpu_mem_pred gm;
+    struct plan p = hand_plan(1, 6, 4, 2, UPDATE_AFTER_BACKWARD);
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &one);
+    layout_free(&lay);
+    p.hosts = 3;
+    p.host_state = HOST_STATE_REPLICATED;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &rep);
+    layout_free(&lay);
+    p.host_state = HOST_STATE_SHARDED;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &sh);
+    int64_t total = lay.total_numel, third = (total + 2) / 3, slots = 6LL * 4 * lay.max_chunk_numel * 4;
+    printf("# host memory per host, 3 hosts: replicated %lld, sharded %lld (one host %lld)\n", (long long)rep.total,
+           (long long)sh.total, (long long)one.total);
+    assert_int_equal(one.master, total * 12);
+    assert_int_equal(rep.master, total * 12);
+    assert_int_equal(rep.grads, total * 4 + slots);
+    assert_int_equal(one.grads, total * 4 + slots / 3);
+    assert_int_equal(sh.params16, total * 2);
+    assert_int_equal(sh.master, third * 12);
+    assert_int_equal(sh.grads, third * 4 + slots);
+    assert_int_equal(sh.ctl, rep.ctl);
+    assert_true(sh.total < rep.total);
+    assert_int_equal(rep.total - sh.total, (total - third) * 16);
+    layout_free(&lay);
+}
+
+/* Auto host state on 2 hosts: with memory for either, the faster; with memory between the two
+ * states' needs, sharded because replicated does not fit; forced replicated then fits nothing. */
+static void test_hosts_auto_state(void **state)
+{
+    struct model_config cfg = medium();
+    struct job_config job = job_of(DEVICE_CUDA, 1, 2, 1024, 2);
+    struct calib cal = test_calib();
+    struct topology topo;
+    topology_assumed(1, &topo);
+    struct plan p;
+    struct plan_info info;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
+    assert_int_equal(p.hosts, 2);
+    const struct plan_host_state *rep = &info.host_states[HOST_STATE_REPLICATED];
+    const struct plan_host_state *sh = &info.host_states[HOST_STATE_SHARDED];
+    printf("# 2 hosts, plenty of memory: %s (%s); replicated %.4f s %lld bytes, sharded %.4f s %lld bytes\n",
+           p.host_state == HOST_STATE_SHARDED ? "sharded" : "replicated", info.host_state_reason, rep->step_s,
+           (long long)rep->host_bytes, sh->step_s, (long long)sh->host_bytes);
+    assert_true(rep->step_s > 0 && sh->step_s > 0 && sh->host_bytes < rep->host_bytes);
+    bool replicated_wins = rep->step_s <= sh->step_s * 1.002;
+    assert_int_equal(p.host_state, replicated_wins ? HOST_STATE_REPLICATED : HOST_STATE_SHARDED);
+    assert_true(info.host.total == info.host_states[p.host_state].host_bytes);
+
+    cal.mem_available = (sh->host_bytes + rep->host_bytes) / 2;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
+    assert_int_equal(p.host_state, HOST_STATE_SHARDED);
+    assert_true(info.host_fits && info.host.total <= cal.mem_available);
+    assert_string_equal(info.host_state_reason, "auto: replicated does not fit the host's memory");
+    assert_true(info.host_states[HOST_STATE_REPLICATED].host_bytes > cal.mem_available);
+
+    job.host_state = HOST_STATE_REPLICATED;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
+    assert_int_equal(p.host_state, HOST_STATE_REPLICATED);
+    assert_false(info.host_fits);
+    assert_string_equal(info.host_state_reason, "set in job.ini");
+    /* several hosts take the routes the engine runs across hosts, whatever job.ini asks */
+    job.accumulate_on_device = 1;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
+    assert_int_equal(p.accumulate_on_device, 0);
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 0, &p, &info), -1);
+}
+
 static void test_memory_footprint(void **state)
 {
     struct model_config cfg = tiny(2);
@@ -401,6 +529,50 @@ static void test_host_bytes_per_param_qwen3_8b(void **state)
                optim_bytes[1] / (double)params);
         assert_true(saved >= 8 && saved < 8.01);
     }
+}
+
+/* One host is planned exactly as before several hosts were modelled: the choices and the bits of
+ * the predictions the planner gave for these jobs before (commit da836c1), host_state ignored. */
+static void test_hosts_one_as_before(void **state)
+{
+    struct model_config cfg = medium();
+    static const struct {
+        int device, gpus, mb, accum;
+        double clip;
+        int lpc, buffers, slots, procs, threads, mode;
+        double step_s, optim_bytes, h2d_bytes, d2h_bytes;
+        int64_t host_bytes, gpu_bytes;
+    } cases[] = {
+        {DEVICE_CUDA, 1, 4, 1, 1.0, 3, 5, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.029795c04ce4ap-3, 0x1.83dccp+32,
+         0x1.6d0cp+28, 0x1.6d0cp+29, 3446895696, 3572482048},
+        {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.2078f36a469cap-3, 0x1.83dbbp+32,
+         0x1.6d0bp+28, 0x1.6d0bp+29, 3829633832, 3885318144},
+        {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21e03bb74ab6ap+7, 0x1.22e4c4p+34,
+         0x1.6d0bp+28, 0x1.11c84p+31, 10167866024, 2353828352},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int st = HOST_STATE_AUTO; st <= HOST_STATE_SHARDED; st++) {
+            struct job_config job = job_of(cases[i].device, cases[i].gpus, cases[i].mb, 1024, cases[i].accum);
+            job.grad_clip = cases[i].clip;
+            job.host_state = (enum host_state)st;
+            struct plan p;
+            struct plan_info info;
+            assert_int_equal(choose(&job, &cfg, &p, &info), 0);
+            assert_int_equal(p.hosts, 1);
+            assert_int_equal(p.host_state, HOST_STATE_REPLICATED);
+            assert_int_equal(p.layers_per_chunk, cases[i].lpc);
+            assert_int_equal(p.chunk_buffers, cases[i].buffers);
+            assert_int_equal(p.grad_slots, cases[i].slots);
+            assert_int_equal(p.optim_procs, cases[i].procs);
+            assert_int_equal(p.optim_threads, cases[i].threads);
+            assert_int_equal(p.update_mode, cases[i].mode);
+            assert_true(info.pred.step_s == cases[i].step_s && p.predicted_step_s == cases[i].step_s);
+            assert_true(info.pred.optim_bytes == cases[i].optim_bytes);
+            assert_true(info.pred.h2d_bytes == cases[i].h2d_bytes && info.pred.d2h_bytes == cases[i].d2h_bytes);
+            assert_true(info.pred.link_bytes == 0 && info.pred.link_s == 0);
+            assert_int_equal(info.host.total, cases[i].host_bytes);
+            assert_int_equal(info.gpu.total, cases[i].gpu_bytes);
+        }
 }
 
 static void test_recompute_as_memory_shrinks(void **state)
@@ -768,6 +940,10 @@ int main(void)
         cmocka_unit_test(test_routes_from_topology),
         cmocka_unit_test(test_route_rules),
         cmocka_unit_test(test_host_bytes_per_param_qwen3_8b),
+        cmocka_unit_test(test_hosts_link_bytes),
+        cmocka_unit_test(test_hosts_memory),
+        cmocka_unit_test(test_hosts_auto_state),
+        cmocka_unit_test(test_hosts_one_as_before),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
