@@ -608,8 +608,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--hosts")) {
             char *end = NULL;
             long h = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
-            if (!end || end == argv[i + 1] || *end || h < 1 || h > PLAN_MAX_HOSTS) {
-                fprintf(stderr, "slidedp-plan: --hosts needs a host count from 1 to %d\n", PLAN_MAX_HOSTS);
+            if (!end || end == argv[i + 1] || *end || h < 1 || h > JOB_MAX_GPUS) {
+                fprintf(stderr, "slidedp-plan: --hosts needs a host count from 1 to %d\n", JOB_MAX_GPUS);
                 return 2;
             }
             hosts = (int)h;

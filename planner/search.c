@@ -693,8 +693,8 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
             return sd_err("[runtime] optim_procs = %d: the model has only %d chunks to share out", job->optim_procs,
                           num_chunks);
     }
-    if (hosts < 1 || hosts > PLAN_MAX_HOSTS)
-        return sd_err("%d hosts: 1 to %d are supported", hosts, PLAN_MAX_HOSTS);
+    if (hosts < 1 || (int64_t)hosts * job->gpus > JOB_MAX_GPUS)
+        return sd_err("%d hosts x %d GPUs: a job has 1 to %d ranks in all", hosts, job->gpus, JOB_MAX_GPUS);
     if (job->update_mode == UPDATE_DURING_BACKWARD && job->grad_clip > 0)
         return sd_err("[runtime] update_mode = during_backward needs train.grad_clip = 0 (clipping needs the global "
                       "norm before any update)");

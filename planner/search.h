@@ -36,7 +36,6 @@ struct plan_route_option {
 };
 
 #define PLAN_MAX_ROUTES 4
-#define PLAN_MAX_HOSTS 1024
 
 /* Several hosts: one host state searched (enum host_state). */
 struct plan_host_state {

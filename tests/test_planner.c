@@ -4,8 +4,9 @@
  * with the smallest budget, job.ini choices honoured, the routes chosen for simulated 4-GPU
  * hosts with and without P2P, the Qwen3-8B shape's host bytes per parameter and largest fitting
  * model in both optimizer_state modes, and several hosts: the bytes crossing the link, the memory
- * per host in both host states, auto's choice, and one host planned exactly as before. A fixed
- * calibration, so no timing is involved. */
+ * per host in both host states, auto's choice, one host planned exactly as before, and
+ * Qwen2.5-72B on the described H200 hosts of docs/performance.md §7. Fixed or described
+ * calibrations, so no timing is involved. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -336,6 +337,51 @@ static void test_hosts_auto_state(void **state)
     assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
     assert_int_equal(p.accumulate_on_device, 0);
     assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 0, &p, &info), -1);
+}
+
+/* docs/performance.md §7 as the tests see it: Qwen2.5-72B (examples/qwen2.5-72b-h200.ini) on the
+ * described hosts of examples/. One H200 per host of the lent kind: sharded on 2 hosts, and no host
+ * count fits, as each host keeps the whole bf16 copy (135 GiB) beyond its 120 GiB. Eight per host
+ * (the assumed 8-GPU host): one 25 GB/s port binds from 2 hosts, four do not. */
+static void test_hosts_qwen72b_described(void **state)
+{
+    char ini[1200], cfg_path[1200];
+    snprintf(ini, sizeof ini, "%s", tu_src("examples/qwen2.5-72b-h200.ini"));
+    snprintf(cfg_path, sizeof cfg_path, "%s", tu_src("examples/qwen2.5-72b/config.json"));
+    struct job_config job;
+    struct model_config cfg;
+    assert_int_equal(job_config_load(ini, 0, NULL, &job), 0);
+    assert_int_equal(model_config_load(cfg_path, &cfg), 0);
+    struct calib cal;
+    assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), &cal), 0);
+    assert_int_equal(cal.host.ncpu, 16);
+    assert_int_equal(cal.host_source, CALIB_FILE);
+    assert_int_equal(cal.mem_available, (int64_t)120 << 30);
+    struct topology topo;
+    topology_assumed(job.gpus, &topo);
+    struct plan p;
+    struct plan_info info;
+    for (int hosts = 2; hosts <= 8; hosts *= 2) {
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, hosts, &p, &info), 0);
+        printf("# 72B, %d hosts of one H200: %s, step %.1f s, %.0f GiB per host, link %.1f s\n", hosts,
+               p.host_state == HOST_STATE_SHARDED ? "sharded" : "replicated", p.predicted_step_s,
+               (double)info.host.total / (1 << 30), info.pred.link_s);
+        assert_int_equal(p.host_state, HOST_STATE_SHARDED);
+        assert_false(info.host_fits);
+        assert_true(info.host.params16 > cal.mem_available);
+    }
+    struct calib node;
+    assert_int_equal(calib_load_described(tu_src("examples/hgx-h200-node.json"), &node), 0);
+    job.gpus = 8;
+    topology_assumed(job.gpus, &topo);
+    assert_int_equal(plan_choose(&job, &cfg, &node, &topo, node.host.ncpu, 2, &p, &info), 0);
+    assert_true(info.host_fits);
+    assert_int_equal(info.pred.bottleneck, BOTTLENECK_LINK);
+    job.host_link_gbps = 100;
+    assert_int_equal(plan_choose(&job, &cfg, &node, &topo, node.host.ncpu, 2, &p, &info), 0);
+    assert_int_equal(info.pred.bottleneck, BOTTLENECK_HOST_MEM);
+    /* not a host calibration file */
+    assert_int_equal(calib_load_described(cfg_path, &node), -1);
 }
 
 static void test_memory_footprint(void **state)
@@ -944,6 +990,7 @@ int main(void)
         cmocka_unit_test(test_hosts_memory),
         cmocka_unit_test(test_hosts_auto_state),
         cmocka_unit_test(test_hosts_one_as_before),
+        cmocka_unit_test(test_hosts_qwen72b_described),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
