@@ -263,9 +263,15 @@ double cost_link_bw(const struct job_config *job)
     return job->host_link_gbps > 0 ? job->host_link_gbps * 1e9 : COST_LINK_DEFAULT_BW;
 }
 
+/* The hosts a plan is for (0 in a plan built by hand means one). */
+static int hosts_of(const struct plan *p)
+{
+    return p->hosts > 1 ? p->hosts : 1;
+}
+
 bool cost_grads_direct(const struct plan *p, const struct job_config *job)
 {
-    return plan_grads_direct(p, (p->hosts > 1 ? p->hosts : 1) * job->gpus, job->grad_accum);
+    return plan_grads_direct(p, hosts_of(p) * job->gpus, job->grad_accum);
 }
 
 bool cost_grads_bf16(const struct plan *p, const struct job_config *job)
@@ -276,14 +282,14 @@ bool cost_grads_bf16(const struct plan *p, const struct job_config *job)
 /* The hosts the optimizer state is split across: H when sharded over several hosts, else 1. */
 static int state_hosts(const struct plan *p)
 {
-    return p->hosts > 1 && p->host_state == HOST_STATE_SHARDED ? p->hosts : 1;
+    return p->host_state == HOST_STATE_SHARDED ? hosts_of(p) : 1;
 }
 
 void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
 {
     const struct layout *lay = mc->lay;
     const struct plan *p = mc->plan;
-    int G = mc->job->gpus, SH = state_hosts(p), ranks = (p->hosts > 1 ? p->hosts : 1) * G;
+    int G = mc->job->gpus, SH = state_hosts(p), ranks = hosts_of(p) * G;
     int64_t owned = (lay->total_numel + SH - 1) / SH; /* parameters whose state this host holds */
     memset(out, 0, sizeof *out);
     /* updating during the backward keeps the previous version of each chunk for a worker that
@@ -293,9 +299,9 @@ void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host
     out->master = owned * (4 + 2 * (int64_t)ctl_state_size(mc->job->optimizer_state));
     /* the accumulator (fp32, or bf16 when gradients cross in bf16), and the slots unless gradients
      * go straight into it */
-    out->grads = owned * (cost_grads_bf16(mc->plan, mc->job) ? 2 : 4);
+    out->grads = owned * (cost_grads_bf16(p, mc->job) ? 2 : 4);
     /* the slots of every rank of the job: several hosts post the others' gradients as theirs */
-    if (!cost_grads_direct(mc->plan, mc->job))
+    if (!cost_grads_direct(p, mc->job))
         out->grads += (int64_t)ranks * p->grad_slots * lay->max_chunk_numel * 4;
     out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
                (int64_t)lay->num_chunks * ((int64_t)sizeof(struct chunk_desc) + 256) +
@@ -670,14 +676,14 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
     int nc = mc->lay->num_chunks, G = job->gpus, A = job->grad_accum;
     bool gpu_grads = p->grad_route == GRADS_GPU && G > 1;
     /* gradients in bf16: half the copy, and the optimizer reads 2 bytes less of each */
-    bool bf16_grads = cost_grads_bf16(mc->plan, mc->job);
+    bool bf16_grads = cost_grads_bf16(p, job);
     *s = (struct sim){
         .mc = mc,
         .cpu = cpu,
         .tied = mc->cfg->tie_word_embeddings,
         .during = p->update_mode == UPDATE_DURING_BACKWARD,
         .on_device = p->accumulate_on_device,
-        .direct = cost_grads_direct(mc->plan, mc->job),
+        .direct = cost_grads_direct(p, job),
         .shard_acc = gpu_grads,
         .sharded = p->param_route == PARAMS_SHARDED && G > 1,
         /* gradients sent to the host per step: every micro-step's, or once when the micro-steps are
@@ -697,7 +703,7 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         .S = p->grad_slots,
         .wake = mc->cal->host.wake_s,
         .ncache = p->chunk_buffers,
-        .H = p->hosts > 1 ? p->hosts : 1,
+        .H = hosts_of(p),
         .host_sharded = state_hosts(p) > 1,
         .link_lat = COST_LINK_LATENCY_S,
     };

@@ -613,9 +613,10 @@ static int search_host_states(const struct search *base, const struct plan *tmpl
         bool replicated_stays = i > 0 && best->found && best_fits_host(best) &&
                                 (!S.found || best->best_pred.step_s <= S.best_pred.step_s * 1.002);
         if (i > 0)
-            snprintf(reason, reason_len, "%s", replicated_stays ? "auto: replicated fits and is not slower"
-                                               : !best->found || !best_fits_host(best) ? "auto: replicated does not fit the host's memory"
-                                                                                       : "auto: sharded is faster");
+            snprintf(reason, reason_len, "auto: %s",
+                     replicated_stays                      ? "replicated fits and is not slower"
+                     : best->found && best_fits_host(best) ? "sharded is faster"
+                                                           : "replicated does not fit the host's memory");
         if (i == 0 || (!replicated_stays && (S.found || !best->found))) {
             *best = S;
             memcpy(options, opts, sizeof opts);
@@ -732,8 +733,8 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     bool host_fits = S.found;
     if (!S.found) { /* nothing fits the host's memory too: plan for the device alone, and say so */
         base.enforce_host = false;
-        if (search_host_states(&base, &tmpl, &routes, &S, options, state_steps, state_reason, sizeof state_reason) !=
-            0)
+        if (search_host_states(&base, &tmpl, &routes, &S, options, state_steps, state_reason,
+                               sizeof state_reason) != 0)
             return -1;
     }
     if (!S.found) {
