@@ -133,8 +133,8 @@ static void print_text_prediction(const struct report *r)
         printf("  peer copies      %10.4f s  (%s)\n", p->p2p_s, sz(p->p2p_bytes));
     printf("  optimizer        %10.4f s  (busiest of %d process(es); %s of host memory touched)\n", p->optim_s,
            r->plan->optim_procs, sz(p->optim_bytes));
-    printf("  host memory bw   %10.4f s  (all ranks' transfers and the optimizers%s)\n", p->host_mem_s,
-           r->hosts > 1 ? ", and the link" : "");
+    printf("  host memory bw   %10.4f s  (%s)\n", p->host_mem_s,
+           r->hosts > 1 ? "all ranks' transfers, the optimizers and the link" : "all ranks' transfers and the optimizers");
     if (r->hosts > 1)
         printf("  link             %10.4f s  (%s sent per host, as many received)\n", p->link_s, sz(p->link_bytes));
     printf("  exposed          %10.4f s  (fill, drain and waits beyond the bottleneck)\n", p->exposed_s);
