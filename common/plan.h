@@ -68,6 +68,14 @@ static inline bool plan_uses_exchange(const struct plan *p, int gpus)
     return gpus > 1 && (p->param_route == PARAMS_SHARDED || p->grad_route == GRADS_GPU);
 }
 
+/* Whether params16 keeps each chunk's previous version beside the new one (two copies, versions by
+ * parity): updating during the backward, a worker redoing a step after a crash still finds the
+ * version it reads (docs/design.md §6.3). */
+static inline bool plan_keep_prev(const struct plan *p)
+{
+    return p->update_mode == UPDATE_DURING_BACKWARD;
+}
+
 /* Whether each chunk's gradient (or each rank's shard of it) reaches the host once per step. Then
  * the workers copy it straight into the accumulator, which lives in the grads region: no slots,
  * and the optimizer only squares it for the norm instead of copying it. */

@@ -28,7 +28,7 @@ struct job_state {
     uint32_t resumed_step; /* the disk checkpoint the state was loaded from (0: none) */
     bool finished;         /* checkpoint.dir holds the last step and final/: nothing was created */
     uint64_t job_hash;
-    uint64_t window_shm_bytes; /* per rank exchange window in the grads region (CPU backend) */
+    struct ctl_shape shape; /* the shared state's shape (ctl_shape_of) */
 };
 
 /* Validates the job (model config, data, plan on st->topo, host memory) and creates and initialises the shared

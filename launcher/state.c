@@ -89,7 +89,7 @@ static void *init_thread(void *arg)
 static int init_weights(struct job_state *st, bool random)
 {
     struct init_ctx ctx = {.st = st, .master = st->shm.master, .params16 = st->shm.params16, .random = random};
-    if (st->plan.update_mode == UPDATE_DURING_BACKWARD)
+    if (st->shape.keep_prev)
         ctx.params16_odd = st->shm.params16 + st->lay.total_numel;
     int64_t n = 0;
     for (int t = 0; t < st->lay.num_tensors; t++)
@@ -288,21 +288,21 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->model = st->cfg;
     h->plan = st->plan;
     h->topo = st->topo;
-    h->gpus = st->job.gpus;
-    h->optim_procs = st->plan.optim_procs;
-    h->grad_slots = st->plan.grad_slots;
-    h->num_tensors = st->lay.num_tensors;
-    h->num_chunks = st->lay.num_chunks;
+    h->gpus = st->shape.gpus;
+    h->optim_procs = st->shape.optim_procs;
+    h->grad_slots = st->shape.grad_slots;
+    h->num_tensors = st->shape.num_tensors;
+    h->num_chunks = st->shape.num_chunks;
     h->first_step = (int32_t)st->resumed_step + 1;
     h->job_hash = st->job_hash;
-    h->keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
+    h->keep_prev = st->shape.keep_prev;
     h->exchange = plan_uses_exchange(&st->plan, st->job.gpus);
-    h->grads_direct = plan_grads_direct(&st->plan, st->job.gpus, st->job.grad_accum);
-    h->grads_bf16 = plan_grads_bf16(&st->plan, &st->job);
-    h->window_shm_bytes = st->window_shm_bytes;
+    h->grads_direct = st->shape.grads_direct;
+    h->grads_bf16 = st->shape.grads_bf16;
+    h->window_shm_bytes = st->shape.window_shm_bytes;
     h->ckpt_every = (uint32_t)st->job.ckpt_every;
-    h->total_numel = st->lay.total_numel;
-    h->max_chunk_numel = st->lay.max_chunk_numel;
+    h->total_numel = st->shape.total_numel;
+    h->max_chunk_numel = st->shape.max_chunk_numel;
     h->num_params = st->lay.num_params;
     h->params16_bytes = sz->params16_bytes;
     h->master_bytes = sz->master_bytes;
@@ -477,18 +477,9 @@ int state_create(struct job_state *st)
     struct hf_weights weights = {0};
     if (!job->init_random && hf_weights_open(job->model_path, &weights) != 0)
         return -1;
+    ctl_shape_of(job, &st->plan, &st->lay, &st->shape);
     struct ctl_sizes sz;
-    bool keep_prev = st->plan.update_mode == UPDATE_DURING_BACKWARD;
-    /* The CPU backend's exchange windows (fp32 weights) live in the grads region; GPUs export theirs. */
-    struct window_layout win;
-    ctl_window_layout(st->lay.max_chunk_numel, job->gpus, 4, st->plan.grad_route == GRADS_GPU,
-                      st->plan.param_route == PARAMS_SHARDED, &win);
-    uint64_t window_shm = plan_uses_exchange(&st->plan, job->gpus) && job->device == DEVICE_CPU ? win.total : 0;
-    int rc = ctl_compute_sizes(job->gpus, job->grad_accum, st->plan.optim_procs, st->plan.optim_threads, st->plan.grad_slots,
-                               st->lay.num_tensors, st->lay.num_chunks, st->lay.total_numel, st->lay.max_chunk_numel,
-                               keep_prev, plan_grads_direct(&st->plan, job->gpus, job->grad_accum),
-                               plan_grads_bf16(&st->plan, job), job->optimizer_state, window_shm, &sz);
-    st->window_shm_bytes = window_shm;
+    int rc = ctl_compute_sizes(&st->shape, &sz);
     ctl_job_name(job->log_dir, st->job_name, sizeof st->job_name);
     st->job_hash = job_hash(st);
     int existing = rc == 0 ? check_existing_state(st) : -1;

@@ -287,29 +287,28 @@ static int state_hosts(const struct plan *p)
 
 void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
 {
-    const struct layout *lay = mc->lay;
-    const struct plan *p = mc->plan;
-    int G = mc->job->gpus, SH = state_hosts(p), ranks = hosts_of(p) * G;
-    int64_t owned = (lay->total_numel + SH - 1) / SH; /* parameters whose state this host holds */
     memset(out, 0, sizeof *out);
-    /* updating during the backward keeps the previous version of each chunk for a worker that
-     * redoes the step after a crash */
-    out->params16 = lay->total_numel * 2 * (p->update_mode == UPDATE_DURING_BACKWARD ? 2 : 1);
-    /* fp32 master, m and v (fp32, or bf16 with [train] optimizer_state = bf16) */
-    out->master = owned * (4 + 2 * (int64_t)ctl_state_size(mc->job->optimizer_state));
-    /* the accumulator (fp32, or bf16 when gradients cross in bf16), and the slots unless gradients
-     * go straight into it */
-    out->grads = owned * (cost_grads_bf16(p, mc->job) ? 2 : 4);
-    /* the slots of every rank of the job: several hosts post the others' gradients as theirs */
-    if (!cost_grads_direct(p, mc->job))
-        out->grads += (int64_t)ranks * p->grad_slots * lay->max_chunk_numel * 4;
-    out->ctl = (int64_t)lay->num_tensors * (int64_t)sizeof(struct tensor_desc) +
-               (int64_t)lay->num_chunks * ((int64_t)sizeof(struct chunk_desc) + 256) +
-               (int64_t)ranks * p->optim_procs * (int64_t)sizeof(struct ring) +
-               (int64_t)p->optim_procs * p->optim_threads *
-                   (int64_t)ctl_staging_lane_bytes(ctl_state_size(mc->job->optimizer_state)) +
-               ((int64_t)1 << 20);
-    out->workers = mc->job->device == DEVICE_CPU ? G * gpu_bytes : 0;
+    /* the four shared objects, sized by the very function slidedp-launch allocates them with; on
+     * several hosts the ctl region and the gradient slots serve every rank of the job (the relay
+     * posts the other hosts' gradients as theirs) */
+    struct job_config job = *mc->job;
+    job.gpus *= hosts_of(mc->plan);
+    struct ctl_shape shape;
+    struct ctl_sizes sz, own_sz;
+    ctl_shape_of(&job, mc->plan, mc->lay, &shape);
+    /* the state sharded across hosts: master, m, v and the accumulator of this host's share */
+    struct ctl_shape own = shape;
+    int SH = state_hosts(mc->plan);
+    own.total_numel = (shape.total_numel + SH - 1) / SH;
+    if (ctl_compute_sizes(&shape, &sz) != 0 || ctl_compute_sizes(&own, &own_sz) != 0) {
+        out->total = INT64_MAX; /* a shape the launcher refuses: no host holds it */
+        return;
+    }
+    out->params16 = (int64_t)sz.params16_bytes;
+    out->master = (int64_t)own_sz.master_bytes;
+    out->grads = (int64_t)(shape.grads_direct ? own_sz.grads_bytes : sz.grads_bytes);
+    out->ctl = (int64_t)sz.ctl_bytes;
+    out->workers = mc->job->device == DEVICE_CPU ? mc->job->gpus * gpu_bytes : 0;
     out->total = out->params16 + out->master + out->grads + out->ctl + out->workers;
 }
 

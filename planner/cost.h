@@ -67,15 +67,18 @@ struct gpu_mem_pred {
     int64_t total;
 };
 
-/* Host memory, bytes: the shared state slidedp-launch creates (plus, on the CPU backend, the
- * workers' "device" memory), per host. With the state sharded across hosts each host holds 1/H of
- * master, m, v and the accumulator (rounded up) and the whole bf16 copy. */
+/* Host memory per host, bytes: the shared state slidedp-launch creates, object by object as
+ * shm/ctl.c ctl_compute_sizes sizes them (plus, on the CPU backend, the workers' "device" memory).
+ * On several hosts the ctl region and the slots serve every rank of the job; with the state sharded
+ * across hosts, master holds this host's share (1/H, rounded up) and params16 the whole copy. */
 struct host_mem_pred {
     int64_t params16;  /* bf16 compute copy (two copies when updating during the backward) */
-    int64_t master;    /* fp32 master, m and v: 12 B/param (8 with bf16 m and v) */
-    int64_t grads;     /* the fp32 accumulator (4 B/param), plus ranks x slots x largest chunk x 4 B
-                        * unless gradients go straight into it (plan_grads_direct) */
-    int64_t ctl;       /* tables, rings, step records, optimizer staging */
+    int64_t master;    /* fp32 master, m and v (12 B/param, 8 with bf16 m and v), the fp32 gradient
+                        * accumulator (4 B/param) unless it is in grads, the optimizers' staging */
+    int64_t grads;     /* ranks x slots x largest chunk x 4 B, or the accumulator (4 B/param, 2 in
+                        * bf16) when gradients go straight into it (plan_grads_direct); the CPU
+                        * backend's exchange windows */
+    int64_t ctl;       /* tables, rings, step records, journals */
     int64_t workers;   /* CPU backend: every worker's device memory */
     int64_t total;
 };

@@ -174,7 +174,7 @@ static void print_text_host_memory(const struct report *r)
     const struct plan_info *in = r->info;
     bool cpu = r->job->device == DEVICE_CPU;
     const struct host_mem_pred *h = &in->host;
-    printf("\nhost memory: %s = params16 %s + master/m/v %s + gradients %s + ctl %s\n",
+    printf("\nhost memory: %s = params16 %s + master %s + grads %s + ctl %s (the shared objects)\n",
            sz(h->total), sz(h->params16), sz(h->master), sz(h->grads), sz(h->ctl));
     if (cpu)
         printf("  + the workers' memory %s (the CPU backend's device memory is host memory)\n", sz(h->workers));
@@ -574,7 +574,7 @@ static void print_failure(const struct job_config *job, const struct plan_info *
     }
     printf("no plan fits %s per GPU; the smallest needs %s\n", sz((double)job->gpu_mem),
            sz((double)in->min_gpu_bytes));
-    printf("host memory: %s = params16 %s + master/m/v %s + gradients %s + ctl %s",
+    printf("host memory: %s = params16 %s + master %s + grads %s + ctl %s (the shared objects)",
            sz(h->total), sz(h->params16), sz(h->master), sz(h->grads), sz(h->ctl));
     if (in->host_available > 0)
         printf("; this host has %s available: %s", sz(in->host_available), in->host_fits ? "fits" : "does not fit");

@@ -33,18 +33,45 @@ static bool place(uint64_t *cursor, uint64_t *off, uint64_t n, uint64_t sz)
     return mul_ok(n, sz, &bytes) && add_ok(cursor, bytes);
 }
 
-int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threads, int grad_slots, int num_tensors,
-                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes, struct ctl_sizes *out)
+void ctl_shape_of(const struct job_config *job, const struct plan *plan, const struct layout *lay,
+                  struct ctl_shape *out)
+{
+    bool exchange = plan_uses_exchange(plan, job->gpus);
+    struct window_layout win;
+    ctl_window_layout(lay->max_chunk_numel, job->gpus, 4, plan->grad_route == GRADS_GPU,
+                      plan->param_route == PARAMS_SHARDED, &win);
+    *out = (struct ctl_shape){
+        .gpus = job->gpus,
+        .grad_accum = job->grad_accum,
+        .optim_procs = plan->optim_procs,
+        .optim_threads = plan->optim_threads,
+        .grad_slots = plan->grad_slots,
+        .num_tensors = lay->num_tensors,
+        .num_chunks = lay->num_chunks,
+        .total_numel = lay->total_numel,
+        .max_chunk_numel = lay->max_chunk_numel,
+        .keep_prev = plan_keep_prev(plan),
+        .grads_direct = plan_grads_direct(plan, job->gpus, job->grad_accum),
+        .grads_bf16 = plan_grads_bf16(plan, job),
+        .optimizer_state = job->optimizer_state,
+        /* the CPU backend's exchange windows (fp32 weights) live in the grads object */
+        .window_shm_bytes = exchange && job->device == DEVICE_CPU ? win.total : 0,
+    };
+}
+
+int ctl_compute_sizes(const struct ctl_shape *shape, struct ctl_sizes *out)
 {
     memset(out, 0, sizeof *out);
-    if (gpus < 1 || grad_accum < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
+    int gpus = shape->gpus, optim_procs = shape->optim_procs, optim_threads = shape->optim_threads,
+        grad_slots = shape->grad_slots;
+    uint64_t total_numel = (uint64_t)shape->total_numel;
+    if (gpus < 1 || shape->grad_accum < 1 || optim_procs < 1 || optim_procs > CTL_MAX_OPTIM || optim_threads < 1 ||
         optim_threads > CTL_MAX_OPTIM_THREADS || grad_slots < 1 || grad_slots >= RING_CAP)
         return sd_err("bad job shape: gpus=%d optim_procs=%d grad_slots=%d", gpus, optim_procs, grad_slots);
     uint64_t c = sizeof(struct ctl_header);
-    bool ok = place(&c, &out->off_tensors, (uint64_t)num_tensors, sizeof(struct tensor_desc)) &&
-              place(&c, &out->off_chunks, (uint64_t)num_chunks, sizeof(struct chunk_desc)) &&
-              place(&c, &out->off_chunk_state, (uint64_t)num_chunks, sizeof(struct chunk_state)) &&
+    bool ok = place(&c, &out->off_tensors, (uint64_t)shape->num_tensors, sizeof(struct tensor_desc)) &&
+              place(&c, &out->off_chunks, (uint64_t)shape->num_chunks, sizeof(struct chunk_desc)) &&
+              place(&c, &out->off_chunk_state, (uint64_t)shape->num_chunks, sizeof(struct chunk_state)) &&
               place(&c, &out->off_rings, (uint64_t)gpus * (uint64_t)optim_procs, sizeof(struct ring)) &&
               place(&c, &out->off_slots, (uint64_t)gpus * (uint64_t)grad_slots, sizeof(struct slot_state)) &&
               place(&c, &out->off_doorbells, (uint64_t)optim_procs, sizeof(struct doorbell)) &&
@@ -52,22 +79,22 @@ int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threa
               place(&c, &out->off_steps, CTL_STEP_RECORDS, sizeof(struct step_record)) &&
               place(&c, &out->off_journals, (uint64_t)optim_procs * (uint64_t)optim_threads, sizeof(struct journal)) &&
               place(&c, &out->off_xchg, (uint64_t)gpus, sizeof(struct xchg_rank)) &&
-              place(&c, &out->off_losses, (uint64_t)CTL_STEP_RECORDS * (uint64_t)gpus * (uint64_t)grad_accum,
+              place(&c, &out->off_losses, (uint64_t)CTL_STEP_RECORDS * (uint64_t)gpus * (uint64_t)shape->grad_accum,
                     sizeof(struct loss_progress));
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
-    uint64_t state_size = ctl_state_size(state);
+    uint64_t state_size = ctl_state_size(shape->optimizer_state);
     uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * ctl_staging_lane_bytes(state_size);
     /* master (fp32), m and v, and the fp32 accumulator unless it heads the grads region */
-    uint64_t master_per_param = 4 + 2 * state_size + (grads_direct ? 0 : 4);
-    ok = ok && mul_ok((uint64_t)total_numel, keep_prev ? 4 : 2, &out->params16_bytes) &&
-         mul_ok((uint64_t)total_numel, master_per_param, &out->master_bytes) &&
-         add_ok(&out->master_bytes, staging) &&
-         (grads_direct ? (grads_elems = (uint64_t)total_numel, true)
-                       : mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)max_chunk_numel, &grads_elems)) &&
-         mul_ok(grads_elems, grads_direct && grads_bf16 ? 2 : 4, &out->grads_bytes);
+    uint64_t master_per_param = 4 + 2 * state_size + (shape->grads_direct ? 0 : 4);
+    ok = ok && mul_ok(total_numel, shape->keep_prev ? 4 : 2, &out->params16_bytes) &&
+         mul_ok(total_numel, master_per_param, &out->master_bytes) && add_ok(&out->master_bytes, staging) &&
+         (shape->grads_direct
+              ? (grads_elems = total_numel, true)
+              : mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)shape->max_chunk_numel, &grads_elems)) &&
+         mul_ok(grads_elems, shape->grads_direct && shape->grads_bf16 ? 2 : 4, &out->grads_bytes);
     uint64_t windows;
-    ok = ok && mul_ok((uint64_t)gpus, window_shm_bytes, &windows) && add_ok(&out->grads_bytes, windows);
+    ok = ok && mul_ok((uint64_t)gpus, shape->window_shm_bytes, &windows) && add_ok(&out->grads_bytes, windows);
     if (!ok)
         return sd_err("job state size overflows");
     return 0;
@@ -195,13 +222,20 @@ int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *nam
 {
     if (ctl_bytes < sizeof *h || h->magic != CTL_MAGIC || h->version != CTL_VERSION || h->header_size != sizeof *h)
         return sd_err("%s is not a slidedp ctl region of version %d", name, CTL_VERSION);
+    /* the shape the header's job and plan give its layout: the launcher wrote it from that one */
+    struct layout lay = {.num_tensors = h->num_tensors,
+                         .num_chunks = h->num_chunks,
+                         .total_numel = h->total_numel,
+                         .max_chunk_numel = h->max_chunk_numel};
+    struct ctl_shape shape;
+    ctl_shape_of(&h->job, &h->plan, &lay, &shape);
     struct ctl_sizes sz;
     bool ok = h->gpus >= 1 && h->gpus <= JOB_MAX_GPUS && h->gpus == h->job.gpus && h->num_chunks >= 1 &&
               h->num_tensors >= h->num_chunks && h->total_numel >= h->max_chunk_numel && h->max_chunk_numel >= 1 &&
               h->optim_procs == h->plan.optim_procs && h->ckpt_every == (uint32_t)h->job.ckpt_every &&
-              ctl_compute_sizes(h->gpus, h->job.grad_accum, h->optim_procs, h->plan.optim_threads, h->grad_slots,
-                                h->num_tensors, h->num_chunks, h->total_numel, h->max_chunk_numel, h->keep_prev,
-                                h->grads_direct, h->grads_bf16, h->job.optimizer_state, h->window_shm_bytes, &sz) == 0;
+              h->grad_slots == shape.grad_slots && h->keep_prev == shape.keep_prev &&
+              h->grads_direct == shape.grads_direct && h->grads_bf16 == shape.grads_bf16 &&
+              h->window_shm_bytes == shape.window_shm_bytes && ctl_compute_sizes(&shape, &sz) == 0;
     ok = ok && h->off_tensors == sz.off_tensors && h->off_chunks == sz.off_chunks &&
          h->off_chunk_state == sz.off_chunk_state && h->off_rings == sz.off_rings && h->off_slots == sz.off_slots &&
          h->off_doorbells == sz.off_doorbells && h->off_procs == sz.off_procs && h->off_steps == sz.off_steps &&

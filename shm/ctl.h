@@ -272,24 +272,43 @@ struct ctl_header {
     struct topology topo;                        /* the ranks' GPUs and the links between them */
 };
 
+/* The shape of a job's shared state: everything that sizes its four objects (ctl, params16, master,
+ * grads) and places the ctl region's tables. ctl_shape_of builds it from job + plan + layout, for the
+ * launcher's allocation, the planner's host-memory estimate and the check of an existing header
+ * (ctl_validate) alike, so they cannot disagree. */
+struct ctl_shape {
+    int gpus;          /* ranks: rings, gradient slots, proc slots, exchange words, loss entries */
+    int grad_accum;    /* micro-steps per step: loss-progress entries per rank and step record */
+    int optim_procs;   /* optimizer processes: rings per rank, doorbells, proc slots */
+    int optim_threads; /* threads per optimizer process: journals and staging blocks */
+    int grad_slots;    /* host gradient slots per rank (in the grads object unless grads_direct) */
+    int num_tensors, num_chunks;
+    int64_t total_numel;     /* the padded parameter space (layout) */
+    int64_t max_chunk_numel; /* the largest chunk: one gradient slot's elements */
+    bool keep_prev;          /* params16 holds two copies, versions by parity (plan_keep_prev) */
+    bool grads_direct;       /* the gradient accumulator heads the grads object in place of the slots,
+                              * instead of following m and v in master (plan_grads_direct) */
+    bool grads_bf16;         /* that accumulator holds bf16 (plan_grads_bf16) */
+    enum optimizer_state optimizer_state; /* the dtype of Adam's m and v */
+    uint64_t window_shm_bytes; /* per rank: its exchange window at the end of the grads object (CPU
+                                * backend, fp32 weights); 0 for none (GPUs export device memory) */
+};
+
+void ctl_shape_of(const struct job_config *job, const struct plan *plan, const struct layout *lay,
+                  struct ctl_shape *out);
+
 /* Region sizes and offsets for a job shape; overflow-checked. */
 struct ctl_sizes {
     uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps,
         off_journals, off_xchg, off_losses;
     uint64_t ctl_bytes, params16_bytes, master_bytes, grads_bytes;
 };
-/* keep_prev: params16 gets a second copy (versions by parity) for updates during the backward. grads_direct: the
- * gradient accumulator moves from the master region to the head of the grads region, in place of
- * the slots; grads_bf16: it holds bf16. state: the dtype of Adam's m and v. window_shm_bytes: each rank's exchange window kept in the grads region (CPU backend),
- * 0 for none. */
+int ctl_compute_sizes(const struct ctl_shape *shape, struct ctl_sizes *out);
+
 /* Frees the host gradient slots of a dead worker that no descriptor refers to: slots it was
  * filling, and filled slots whose descriptor never reached a ring. Call only after the rank's
  * process has exited. */
 void ctl_repair_slots(struct ctl_header *h, int rank);
-
-int ctl_compute_sizes(int gpus, int grad_accum, int optim_procs, int optim_threads, int grad_slots, int num_tensors,
-                      int num_chunks, int64_t total_numel, int64_t max_chunk_numel, bool keep_prev, bool grads_direct,
-                      bool grads_bf16, enum optimizer_state state, uint64_t window_shm_bytes, struct ctl_sizes *out);
 
 /* One rank's exchange window: XCHG_SLOTS gradient slots of the largest chunk in fp32 (GPU-side
  * gradients), then XCHG_SLOTS parameter-shard slots of weight_size-byte elements (sharded
@@ -407,9 +426,10 @@ struct job_shm {
 };
 
 enum { JOB_MAP_CTL = 1, JOB_MAP_PARAMS_RO = 2, JOB_MAP_PARAMS_RW = 4, JOB_MAP_MASTER = 8, JOB_MAP_GRADS = 16 };
-/* Whether a ctl header describes itself consistently: magic and version, then every table offset
- * and size as ctl_compute_sizes places them for the header's job shape, within the ctl object's
- * size (ctl_bytes); 0 or -1 with the reason. Checked before any offset is used. */
+/* Whether a ctl header describes itself consistently: magic and version, then its choices
+ * (keep_prev, grads_direct, grads_bf16, windows) and every table offset and size as ctl_shape_of
+ * and ctl_compute_sizes give them for the header's job, plan and layout counts, within the ctl
+ * object's size (ctl_bytes); 0 or -1 with the reason. Checked before any offset is used. */
 int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *name);
 /* Attaches a running job's objects (each must be ours, mode 0600, and as large as the header
  * says); ctl writable unless ctl_read_only (monitors). On failure nothing stays mapped. */

@@ -37,8 +37,18 @@ static void remove_objects(void)
 static void make_state(void)
 {
     remove_objects();
+    struct ctl_shape shape = {.gpus = 2,
+                              .grad_accum = 3,
+                              .optim_procs = 1,
+                              .optim_threads = 2,
+                              .grad_slots = 4,
+                              .num_tensors = 5,
+                              .num_chunks = 2,
+                              .total_numel = 4096,
+                              .max_chunk_numel = 2048,
+                              .optimizer_state = OPTIM_STATE_FP32};
     struct ctl_sizes sz;
-    assert_int_equal(ctl_compute_sizes(2, 3, 1, 2, 4, 5, 2, 4096, 2048, false, false, false, OPTIM_STATE_FP32, 0, &sz), 0);
+    assert_int_equal(ctl_compute_sizes(&shape, &sz), 0);
     uint64_t bytes[4] = {sz.ctl_bytes, sz.params16_bytes, sz.master_bytes, sz.grads_bytes};
     struct shm_region r[4];
     for (int i = 0; i < 4; i++) {
@@ -55,7 +65,7 @@ static void make_state(void)
     h->job.grad_accum = 3;
     h->optim_procs = h->plan.optim_procs = 1;
     h->plan.optim_threads = 2;
-    h->grad_slots = 4;
+    h->grad_slots = h->plan.grad_slots = 4;
     h->num_tensors = 5;
     h->num_chunks = 2;
     h->total_numel = 4096;
