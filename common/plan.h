@@ -19,7 +19,8 @@ enum plan_bottleneck {
     BOTTLENECK_D2H = 2,     /* gradients device -> host */
     BOTTLENECK_P2P = 3,     /* peer copies between GPUs */
     BOTTLENECK_OPTIM = 4,   /* the CPU optimizer processes */
-    BOTTLENECK_HOST_MEM = 5 /* host memory bandwidth */
+    BOTTLENECK_HOST_MEM = 5, /* host memory bandwidth */
+    BOTTLENECK_LINK = 6      /* the link between hosts (several hosts) */
 };
 
 struct plan {
@@ -46,6 +47,12 @@ struct plan {
     double predicted_exposed_s; /* beyond the bottleneck stream: fill, drain, waits */
     int bottleneck;         /* enum plan_bottleneck */
     int64_t gpu_budget;     /* per GPU bytes the plan was fitted into; 0: the host's memory (CPU backend) */
+    /* several hosts (docs/design.md §10.8): how many the plan was made for, where the optimizer
+     * state lives (enum host_state, never AUTO here; replicated with one host) and the link's
+     * busy time per step */
+    int hosts;
+    int host_state;
+    double predicted_link_s;
 };
 
 /* Rows of N per cross-entropy chunk that hold about mib MiB of logits of row_bytes each, within

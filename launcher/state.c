@@ -354,7 +354,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     for (int c = 0; c < st->lay.num_chunks; c++)
         ctl_chunk_state(h, c)->owner = owner[c];
     /* sharded: the chunks are spread over the hosts by the rule that spreads them over optimizers */
-    h->hosts_sharded = st->hosts.count > 1 && st->job.host_state == HOST_STATE_SHARDED;
+    h->hosts_sharded = st->hosts.count > 1 && st->plan.host_state == HOST_STATE_SHARDED; /* job.ini's, or auto's choice */
     if (h->hosts_sharded)
         plan_assign_owners(&st->lay, st->hosts.count, owner);
     for (int c = 0; c < st->lay.num_chunks; c++)
@@ -503,7 +503,7 @@ int state_create(struct job_state *st)
             return sd_err_prefix("[data] val");
         data_close(&data);
     }
-    if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), &st->plan) != 0)
+    if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), st->hosts.count, &st->plan) != 0)
         return -1;
     /* several hosts: host 0's plan for one host on every host, and the state shaped for every
      * rank of the job (the relay posts the other hosts' gradients as theirs) */

@@ -620,8 +620,9 @@ static int save_host(const char *path, const char *hostname, const struct calib_
     return rc;
 }
 
-/* Reads a cache file written by save_host for this host and CPU count; false if absent or stale. */
-static bool load_host(const char *path, int ncpu, struct calib_host *h)
+/* Reads a cache file written by save_host for this host and CPU count (0: the file's); false if
+ * absent or stale. o_out (may be NULL) receives the parsed file, for the caller to free. */
+static bool load_host(const char *path, int ncpu, struct calib_host *h, cJSON **o_out)
 {
     char *text = NULL;
     FILE *f = fopen(path, "r");
@@ -645,8 +646,8 @@ static bool load_host(const char *path, int ncpu, struct calib_host *h)
     double version = 0, n = 0;
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "cpu_backend");
     struct calib_cpu *cpu = &h->cpu;
-    bool ok = num_field(o, "version", &version) && version == CALIB_VERSION && num_field(o, "ncpu", &n) &&
-              (int)n == ncpu && curve_parse(cJSON_GetObjectItemCaseSensitive(o, "memcpy_bw"), &h->memcpy_bw) &&
+    bool ok = num_field(o, "version", &version) && version == CALIB_VERSION && num_field(o, "ncpu", &n) && n >= 1 &&
+              n <= MAX_THREADS && (ncpu == 0 || (int)n == ncpu) && curve_parse(cJSON_GetObjectItemCaseSensitive(o, "memcpy_bw"), &h->memcpy_bw) &&
               curve_parse(cJSON_GetObjectItemCaseSensitive(o, "adamw_rate"), &h->adamw_rate) &&
               num_field(o, "wake_s", &h->wake_s) && cJSON_IsObject(c) && num_field(c, "gemm_flops", &cpu->gemm_flops) &&
               cpu->gemm_flops > 0 && num_field(c, "gemm_elem_s", &cpu->gemm_elem_s) &&
@@ -659,8 +660,11 @@ static bool load_host(const char *path, int ncpu, struct calib_host *h)
         snprintf(key, sizeof key, "%s_s", elem_names[i]);
         ok = num_field(c, key, &cpu->elem_s[i]);
     }
-    h->ncpu = ncpu;
-    cJSON_Delete(o);
+    h->ncpu = (int)n;
+    if (o_out)
+        *o_out = o;
+    else
+        cJSON_Delete(o);
     return ok;
 }
 
@@ -732,7 +736,7 @@ int calib_load(struct calib *c)
         return -1;
     snprintf(path, sizeof path, "%s/calib-%s.json", dir, c->hostname);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!force_measure && load_host(path, ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : (int)ncpu, &c->host)) {
+    if (!force_measure && load_host(path, ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : (int)ncpu, &c->host, NULL)) {
         c->host_source = CALIB_CACHED;
         snprintf(c->host_file, sizeof c->host_file, "%s", path);
         return 0;
@@ -744,5 +748,27 @@ int calib_load(struct calib *c)
     /* A host we cannot cache on is measured again next time; that costs a second, not the job. */
     if (fs_mkdir_p(dir, 0755) == 0 && save_host(path, c->hostname, &c->host) == 0)
         snprintf(c->host_file, sizeof c->host_file, "%s", path);
+    return 0;
+}
+
+int calib_load_described(const char *path, struct calib *c)
+{
+    memset(c, 0, sizeof *c);
+    calib_gpu_defaults(&c->gpu);
+    cJSON *o = NULL;
+    bool ok = load_host(path, 0, &c->host, &o);
+    double mem = -1;
+    const cJSON *host = o ? cJSON_GetObjectItemCaseSensitive(o, "host") : NULL;
+    if (ok && cJSON_GetObjectItemCaseSensitive(o, "mem_available"))
+        ok = num_field(o, "mem_available", &mem) && mem > 0;
+    snprintf(c->hostname, sizeof c->hostname, "%s", cJSON_IsString(host) ? host->valuestring : "described");
+    cJSON_Delete(o);
+    if (!ok)
+        return sd_err("%s: not a host calibration file of version %d (a calib-<host>.json the planner writes, with "
+                      "an optional positive mem_available)",
+                      path, CALIB_VERSION);
+    c->host_source = CALIB_FILE;
+    snprintf(c->host_file, sizeof c->host_file, "%s", path);
+    c->mem_available = (int64_t)mem;
     return 0;
 }

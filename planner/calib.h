@@ -98,7 +98,8 @@ enum calib_source {
 struct calib {
     char hostname[64];
     struct calib_host host;
-    int host_source;                 /* CALIB_MEASURED or CALIB_CACHED (CALIB_ASSUMED in tests) */
+    int host_source;                 /* CALIB_MEASURED, CALIB_CACHED or CALIB_FILE (a described host;
+                                      * CALIB_ASSUMED in tests) */
     char host_file[CALIB_PATH_MAX];  /* the cache file, "" if none could be written */
     struct calib_gpu gpu;
     uint32_t gpu_from_file;          /* bit i: calib_gpu_fields[i] came from gpu_file */
@@ -112,6 +113,11 @@ void calib_force_measure(void);
 /* Fills c for this host: the cached host rates (measuring and caching them when missing, stale or
  * forced), the GPU file or defaults, MemAvailable. */
 int calib_load(struct calib *c);
+
+/* Fills c for a host described by a calibration file instead of this one (slidedp-plan
+ * --host-calib): the host rates and CPU count of a calib-<host>.json written on that host, its
+ * memory from an optional "mem_available" (bytes; else unknown), the GPU defaults. */
+int calib_load_described(const char *path, struct calib *c);
 
 /* Measures the host rates now (about a second). */
 int calib_measure_host(struct calib_host *h);

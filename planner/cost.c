@@ -261,20 +261,55 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
                  out->logits + out->misc + out->workspace + out->peer_bufs + out->context;
 }
 
+double cost_link_bw(const struct job_config *job)
+{
+    return job->host_link_gbps > 0 ? job->host_link_gbps * 1e9 : COST_LINK_DEFAULT_BW;
+}
+
+/* The hosts a plan is for (0 in a plan built by hand means one). */
+static int hosts_of(const struct plan *p)
+{
+    return p->hosts > 1 ? p->hosts : 1;
+}
+
+bool cost_grads_direct(const struct plan *p, const struct job_config *job)
+{
+    return plan_grads_direct(p, hosts_of(p) * job->gpus, job->grad_accum);
+}
+
+bool cost_grads_bf16(const struct plan *p, const struct job_config *job)
+{
+    return plan_grads_bf16(p, job) && cost_grads_direct(p, job);
+}
+
+/* The hosts the optimizer state is split across: H when sharded over several hosts, else 1. */
+static int state_hosts(const struct plan *p)
+{
+    return p->host_state == HOST_STATE_SHARDED ? hosts_of(p) : 1;
+}
+
 void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out)
 {
     memset(out, 0, sizeof *out);
-    /* the four shared objects, sized by the very function slidedp-launch allocates them with */
+    /* the four shared objects, sized by the very function slidedp-launch allocates them with; on
+     * several hosts the ctl region and the gradient slots serve every rank of the job (the relay
+     * posts the other hosts' gradients as theirs) */
+    struct job_config job = *mc->job;
+    job.gpus *= hosts_of(mc->plan);
     struct ctl_shape shape;
-    struct ctl_sizes sz;
-    ctl_shape_of(mc->job, mc->plan, mc->lay, &shape);
-    if (ctl_compute_sizes(&shape, &sz) != 0) {
+    struct ctl_sizes sz, own_sz;
+    ctl_shape_of(&job, mc->plan, mc->lay, &shape);
+    /* the state sharded across hosts: master, m, v and the accumulator of this host's share */
+    struct ctl_shape own = shape;
+    int SH = state_hosts(mc->plan);
+    own.total_numel = (shape.total_numel + SH - 1) / SH;
+    if (ctl_compute_sizes(&shape, &sz) != 0 || ctl_compute_sizes(&own, &own_sz) != 0) {
         out->total = INT64_MAX; /* a shape the launcher refuses: no host holds it */
         return;
     }
     out->params16 = (int64_t)sz.params16_bytes;
-    out->master = (int64_t)sz.master_bytes;
-    out->grads = (int64_t)sz.grads_bytes;
+    out->master = (int64_t)own_sz.master_bytes;
+    out->grads = (int64_t)(shape.grads_direct ? own_sz.grads_bytes : sz.grads_bytes);
     out->ctl = (int64_t)sz.ctl_bytes;
     out->workers = mc->job->device == DEVICE_CPU ? mc->job->gpus * gpu_bytes : 0;
     out->total = out->params16 + out->master + out->grads + out->ctl + out->workers;
@@ -297,6 +332,12 @@ struct sim {
     double sumsq_bytes, update_bytes; /* optimizer bytes per parameter, less with bf16 gradients or state */
     int nc, hc, G, A, K, S;
     double wake;
+    /* several hosts: H hosts mirroring this one (every host runs the same schedule), each sending
+     * its gradients to the hosts that sum them; sharded state: each host owns 1/H of every chunk,
+     * sums only that, updates it and sends it back to the others */
+    int H;
+    bool host_sharded;
+    double link_lat;
     /* per chunk, seconds */
     double *fwd, *bwd;             /* compute; the head chunk's forward holds the whole head pass */
     double *fetch_fwd, *fetch_bwd; /* weights in during the forward / the backward */
@@ -305,12 +346,15 @@ struct sim {
     double *exchange;              /* GPU-side gradients: the reduce-scatter over the peers */
     double *offload_out;           /* offloaded layer inputs out, during the forward */
     double *reduce, *update;       /* optimizer: one rank's gradient; the AdamW update */
+    double *remote_reduce;         /* optimizer: one rank's gradient received from another host */
+    double *link_grads;            /* this host's gradients of one post out over the link */
+    double *link_params;           /* sharded state: the updated owned part out to the others */
     /* state */
     struct chunk_cache cache; /* the worker's, version = step (worker/chunk_cache.h) */
     double *ready;            /* per cache entry: its fill lands */
     int step;
     bool backward;
-    double host, comp, h2d, d2h;
+    double host, comp, h2d, d2h, link;
     double poster;        /* the worker's poster thread has posted everything landed before this */
     double *opt_free, *slot_free;
     int next_slot;
@@ -394,6 +438,17 @@ static double buf_ready(const struct sim *s, int b)
     return b >= 0 ? s->buf_free[b] : 0;
 }
 
+/* Chunk c's update done at t: when this host's workers can read the new version. With the state
+ * sharded across hosts, once the owned part has gone out and the others' parts have come in (the
+ * hosts mirror each other, so they come in as this host's part goes out). */
+static double published(struct sim *s, int c, double t)
+{
+    if (s->link_params[c] <= 0)
+        return t;
+    s->link = fmax(s->link, t) + s->link_params[c];
+    return s->link + s->link_lat;
+}
+
 /* optimizer/optim.c reduce_step: optimizer k takes its pending updates, lowest-numbered chunk
  * first, until one runs past `until` (when the next gradient arrives; an update is not
  * interrupted). */
@@ -402,7 +457,7 @@ static void take_updates(struct sim *s, int k, double until)
     for (int c = 0; c < s->nc && s->opt_free[k] < until; c++)
         if (s->update_pending[c] && s->mc->owner[c] == k) {
             s->opt_free[k] += s->update[c];
-            s->next_version[c] = s->opt_free[k];
+            s->next_version[c] = published(s, c, s->opt_free[k]);
             s->update_pending[c] = false;
         }
 }
@@ -446,8 +501,18 @@ static void grads_done(struct sim *s, int c, int buf, bool last_micro)
         double start = s->opt_free[k] >= s->poster ? s->opt_free[k] : s->poster + s->wake;
         s->opt_free[k] = start + s->reduce[c];
     }
+    double slot_read = s->opt_free[k];
+    if (s->H > 1) {
+        /* the post goes out over the link from host memory; the other hosts' posts of the chunk,
+         * sent at the same time, come in as it goes out and are summed after this host's */
+        s->link = fmax(s->link, s->poster) + s->link_grads[c];
+        slot_read = fmax(slot_read, s->link);
+        double arrived = s->link + s->link_lat;
+        double start = s->opt_free[k] >= arrived ? s->opt_free[k] : arrived + s->wake;
+        s->opt_free[k] = start + (s->H - 1) * s->G * s->remote_reduce[c];
+    }
     if (!s->direct)
-        s->slot_free[si] = s->opt_free[k];
+        s->slot_free[si] = slot_read;
     if (!last_micro)
         return;
     s->reduced_at[c] = s->opt_free[k];
@@ -505,12 +570,14 @@ static double finish_step(struct sim *s)
         for (int c = 0; c < s->nc; c++)
             norm = fmax(norm, s->reduced_at[c]);
         norm += s->wake;
+        if (s->host_sharded) /* each host's sum of squares to the others: a tree there and back */
+            norm += 2 * ceil(log2(s->H)) * s->link_lat;
         for (int k = 0; k < s->K; k++) {
             double t = fmax(s->opt_free[k], norm);
             for (int c = 0; c < s->nc; c++)
                 if (s->mc->owner[c] == k) {
                     t += s->update[c];
-                    s->next_version[c] = t;
+                    s->next_version[c] = published(s, c, t);
                 }
             s->opt_free[k] = t;
         }
@@ -571,14 +638,14 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
     int nc = mc->lay->num_chunks, G = job->gpus, A = job->grad_accum;
     bool gpu_grads = p->grad_route == GRADS_GPU && G > 1;
     /* gradients in bf16: half the copy, and the optimizer reads 2 bytes less of each */
-    bool bf16_grads = plan_grads_bf16(p, job);
+    bool bf16_grads = cost_grads_bf16(p, job);
     *s = (struct sim){
         .mc = mc,
         .cpu = cpu,
         .tied = mc->cfg->tie_word_embeddings,
         .during = p->update_mode == UPDATE_DURING_BACKWARD,
         .on_device = p->accumulate_on_device,
-        .direct = plan_grads_direct(p, G, A),
+        .direct = cost_grads_direct(p, job),
         .shard_acc = gpu_grads,
         .sharded = p->param_route == PARAMS_SHARDED && G > 1,
         /* gradients sent to the host per step: every micro-step's, or one */
@@ -598,8 +665,11 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         .S = p->grad_slots,
         .wake = mc->cal->host.wake_s,
         .cache = {.size = p->chunk_buffers},
+        .H = hosts_of(p),
+        .host_sharded = state_hosts(p) > 1,
+        .link_lat = COST_LINK_LATENCY_S,
     };
-    enum { PER_CHUNK = 14 };
+    enum { PER_CHUNK = 17 };
     double *arrays = calloc((size_t)nc * PER_CHUNK + (size_t)s->K + (size_t)s->S + (size_t)nc + 2, sizeof(double));
     s->cache.entries = calloc((size_t)s->cache.size, sizeof *s->cache.entries);
     s->ready = calloc((size_t)s->cache.size, sizeof *s->ready);
@@ -607,7 +677,8 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
     SD_ASSERT(arrays && s->cache.entries && s->ready && s->update_pending);
     double **per_chunk[PER_CHUNK] = {&s->fwd,        &s->bwd,         &s->fetch_fwd,    &s->fetch_bwd, &s->bytes_fwd,
                                      &s->bytes_bwd,  &s->send,        &s->exchange,     &s->offload_out, &s->reduce,
-                                     &s->update,     &s->version_at,  &s->next_version, &s->reduced_at};
+                                     &s->update,     &s->version_at,  &s->next_version, &s->reduced_at,
+                                     &s->remote_reduce, &s->link_grads, &s->link_params};
     for (int i = 0; i < PER_CHUNK; i++)
         *per_chunk[i] = arrays + (size_t)i * nc;
     s->opt_free = arrays + (size_t)nc * PER_CHUNK;
@@ -633,8 +704,9 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
     const struct plan *p = mc->plan;
     const struct calib *cal = mc->cal;
     struct shape sh = shape_of(mc);
-    int G = s->G, A = mc->job->grad_accum, sends = s->sends;
+    int G = s->G, A = mc->job->grad_accum, sends = s->sends, H = s->H, SH = state_hosts(p);
     bool sharded = s->sharded, gpu_grads = s->shard_acc;
+    double link_bw = cost_link_bw(mc->job);
     double lf = layer_fwd_s(d, &sh), lb = layer_bwd_s(d, &sh), act_bytes = sh.N * sh.C * 2;
     double flops_layer = cost_layer_flops(mc->cfg, sh.B, sh.T);
     double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq) * sh.D;
@@ -662,10 +734,21 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
             out->d2h_bytes += sends * (gpu_grads ? gbytes / G : gbytes);
             out->p2p_bytes += gpu_grads ? A * gbytes * (G - 1) / G : 0;
         }
-        /* with GPU-side reduction each rank's descriptor carries the rank-summed 1/G of the chunk */
-        s->reduce[c] =
-            (double)ch->numel * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / rt->reduce_bw / (gpu_grads ? G : 1);
-        s->update[c] = (double)ch->numel / rt->adamw * s->update_bytes / UPDATE_BYTES;
+        /* with GPU-side reduction each rank's descriptor carries the rank-summed 1/G of the chunk;
+         * with the state sharded across hosts this host sums and updates its 1/H of the chunk */
+        double owned = (double)ch->numel / SH;
+        s->reduce[c] = owned * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / rt->reduce_bw / (gpu_grads ? G : 1);
+        s->update[c] = owned / rt->adamw * s->update_bytes / UPDATE_BYTES;
+        if (H > 1) {
+            double posted = gpu_grads ? gbytes / G : gbytes; /* one rank's post of the chunk */
+            /* replicated: every post to every other host; sharded: to each other host its part */
+            double fanout = s->host_sharded ? (H - 1.0) / H : H - 1.0;
+            double params_out = s->host_sharded ? 2.0 * ch->numel * (H - 1.0) / H : 0;
+            s->remote_reduce[c] = owned * REDUCE_BYTES / rt->reduce_bw / (gpu_grads ? G : 1);
+            s->link_grads[c] = G * posted * fanout / link_bw;
+            s->link_params[c] = params_out / link_bw;
+            out->link_bytes += sends * G * posted * fanout + params_out;
+        }
         if (ch->kind == CHUNK_EMBED) {
             s->fwd[c] = elem_s(d, ELEM_ZERO, (double)ch->numel) + elem_s(d, ELEM_EMBED_FWD, sh.N * sh.C);
             s->bwd[c] = elem_s(d, ELEM_EMBED_BWD, sh.N * sh.C);
@@ -739,18 +822,21 @@ static void stream_terms(const struct sim *s, const struct rates *rt, double per
     double *load = calloc((size_t)s->K, sizeof(double));
     SD_ASSERT(load);
     for (int c = 0; c < s->nc; c++)
-        load[mc->owner[c]] += G * sends * s->reduce[c] + s->update[c];
+        load[mc->owner[c]] += G * sends * (s->reduce[c] + (s->H - 1) * s->remote_reduce[c]) + s->update[c];
     for (int k = 0; k < s->K; k++)
         out->optim_s = fmax(out->optim_s, load[k]);
     free(load);
-    double numel = (double)mc->lay->total_numel;
-    out->optim_bytes = G * sends * numel * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / (gpu_grads ? G : 1) +
-                       numel * s->update_bytes;
-    out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes) / rt->host_bw;
+    double owned = (double)mc->lay->total_numel / state_hosts(mc->plan);
+    out->optim_bytes = G * sends * owned * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / (gpu_grads ? G : 1) +
+                       (s->H - 1) * G * sends * owned * REDUCE_BYTES / (gpu_grads ? G : 1) + owned * s->update_bytes;
+    /* the link reads what it sends from host memory and writes what it receives there */
+    out->host_mem_s = (G * (out->h2d_bytes + out->d2h_bytes) + out->optim_bytes + 2 * out->link_bytes) / rt->host_bw;
+    out->link_s = out->link_bytes / cost_link_bw(mc->job);
 
     double terms[] = {[BOTTLENECK_COMPUTE] = out->compute_s, [BOTTLENECK_H2D] = out->h2d_s,
                       [BOTTLENECK_D2H] = out->d2h_s,         [BOTTLENECK_P2P] = out->p2p_s,
-                      [BOTTLENECK_OPTIM] = out->optim_s,     [BOTTLENECK_HOST_MEM] = out->host_mem_s};
+                      [BOTTLENECK_OPTIM] = out->optim_s,     [BOTTLENECK_HOST_MEM] = out->host_mem_s,
+                      [BOTTLENECK_LINK] = out->link_s};
     out->bottleneck = BOTTLENECK_COMPUTE;
     for (int i = 1; i < (int)(sizeof terms / sizeof terms[0]); i++)
         if (terms[i] > terms[out->bottleneck])

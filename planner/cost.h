@@ -40,11 +40,13 @@ struct step_pred {
     double p2p_s;       /* peer copies of the sharded params / GPU-side gradient routes */
     double optim_s;     /* the busiest optimizer process: reduce + update */
     double host_mem_s;  /* the step's host memory traffic over the host's bandwidth */
+    double link_s;      /* several hosts: the bytes this host sends to the others over its link */
     double exposed_s;   /* step_s beyond the busiest stream: fill, drain, dependency waits */
     int bottleneck;     /* enum plan_bottleneck */
     double flops;       /* device FLOPs (GEMMs and attention) per rank per step */
     double h2d_bytes, d2h_bytes, p2p_bytes; /* per rank per step */
     double optim_bytes; /* host bytes all optimizer processes touch per step */
+    double link_bytes;  /* several hosts: bytes this host sends per step (it receives as many) */
 };
 
 /* Device memory per rank, bytes, as worker/pipeline*.c and worker/model.c allocate it. */
@@ -66,8 +68,10 @@ struct gpu_mem_pred {
     int64_t total;
 };
 
-/* Host memory, bytes: the shared state slidedp-launch creates, object by object as shm/ctl.c
- * ctl_compute_sizes sizes them (plus, on the CPU backend, the workers' "device" memory). */
+/* Host memory per host, bytes: the shared state slidedp-launch creates, object by object as
+ * shm/ctl.c ctl_compute_sizes sizes them (plus, on the CPU backend, the workers' "device" memory).
+ * On several hosts the ctl region and the slots serve every rank of the job; with the state sharded
+ * across hosts, master holds this host's share (1/H, rounded up) and params16 the whole copy. */
 struct host_mem_pred {
     int64_t params16;  /* bf16 compute copy (two copies when updating during the backward) */
     int64_t master;    /* fp32 master, m and v (12 B/param, 8 with bf16 m and v), the fp32 gradient
@@ -79,6 +83,19 @@ struct host_mem_pred {
     int64_t workers;   /* CPU backend: every worker's device memory */
     int64_t total;
 };
+
+/* Several hosts (plan->hosts > 1): the link between hosts when [runtime] host_link_gbps = 0, bytes/s
+ * each way per host (one 200 Gb/s InfiniBand NDR200 port), and the delay of each message. */
+#define COST_LINK_DEFAULT_BW 25e9
+#define COST_LINK_LATENCY_S 5e-6
+
+/* plan_grads_direct and plan_grads_bf16 over every host's ranks: on several hosts the other hosts'
+ * gradients are summed into the accumulator too, so no gradient goes straight into it. */
+bool cost_grads_direct(const struct plan *p, const struct job_config *job);
+bool cost_grads_bf16(const struct plan *p, const struct job_config *job);
+
+/* The link's bytes/s each way for the job: runtime.host_link_gbps, else the default. */
+double cost_link_bw(const struct job_config *job);
 
 /* Forward FLOPs of one decoder layer for N = B*T tokens (GEMMs and causal attention). */
 double cost_layer_flops(const struct model_config *cfg, int B, int T);

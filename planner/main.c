@@ -1,6 +1,7 @@
 /* slidedp-plan: prints the plan slidedp-launch would use for a job, the GPU topology and the routes
  * it allows, each term of the predicted step time, the bottleneck, the memory it needs, and which
- * calibration numbers were measured on this host and which are assumed; --json for machines.
+ * calibration numbers were measured on this host and which are assumed; with --hosts H, the job on
+ * H hosts of this kind (the host state, the link, the bytes crossing it); --json for machines.
  * Needs no GPU: without one to probe and no [runtime] topology file, it assumes no P2P. */
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -29,7 +30,10 @@ static const char *sz(double bytes)
 
 static const char *source_name(int src)
 {
-    return src == CALIB_MEASURED ? "measured now" : src == CALIB_CACHED ? "measured earlier (cache)" : "assumed";
+    return src == CALIB_MEASURED ? "measured now"
+           : src == CALIB_CACHED ? "measured earlier (cache)"
+           : src == CALIB_FILE   ? "a described host (--host-calib)"
+                                 : "assumed";
 }
 
 struct report {
@@ -41,7 +45,8 @@ struct report {
     const struct topology *topo;
     const char *topo_note; /* why the topology is assumed; "" otherwise */
     double num_params;
-    double tokens; /* per step, all ranks */
+    double tokens; /* per step, all ranks of every host */
+    int hosts;
 };
 
 static const char *param_route_name(int route)
@@ -90,11 +95,14 @@ static void print_text_job(const struct report *r)
     const struct job_config *job = r->job;
     bool cpu = job->device == DEVICE_CPU;
     bool billions = r->num_params >= 1e9;
-    printf("job: %s %s, %.2f%s params, %d layers; %d x %s, %d x %d tokens per micro-step, grad_accum %d: %.0f tokens "
-           "per step\n",
+    char hosts[32] = "";
+    if (r->hosts > 1)
+        snprintf(hosts, sizeof hosts, "%d hosts x ", r->hosts);
+    printf("job: %s %s, %.2f%s params, %d layers; %s%d x %s, %d x %d tokens per micro-step, grad_accum %d: %.0f "
+           "tokens per step\n",
            r->cfg->model_type, r->cfg->architecture, r->num_params / (billions ? 1e9 : 1e6), billions ? "B" : "M",
-           r->cfg->num_layers, job->gpus,
-           cpu ? "cpu worker" : "cuda GPU", job->micro_batch, job->seq_len, job->grad_accum, r->tokens);
+           r->cfg->num_layers, hosts, job->gpus, cpu ? "cpu worker" : "cuda GPU", job->micro_batch, job->seq_len,
+           job->grad_accum, r->tokens);
     print_topology(r);
     plan_print(stdout, r->plan, r->cfg, job);
 }
@@ -119,7 +127,10 @@ static void print_text_prediction(const struct report *r)
         printf("  peer copies      %10.4f s  (%s)\n", p->p2p_s, sz(p->p2p_bytes));
     printf("  optimizer        %10.4f s  (busiest of %d process(es); %s of host memory touched)\n", p->optim_s,
            r->plan->optim_procs, sz(p->optim_bytes));
-    printf("  host memory bw   %10.4f s  (all ranks' transfers and the optimizers)\n", p->host_mem_s);
+    printf("  host memory bw   %10.4f s  (%s)\n", p->host_mem_s,
+           r->hosts > 1 ? "all ranks' transfers, the optimizers and the link" : "all ranks' transfers and the optimizers");
+    if (r->hosts > 1)
+        printf("  link             %10.4f s  (%s sent per host, as many received)\n", p->link_s, sz(p->link_bytes));
     printf("  exposed          %10.4f s  (fill, drain and waits beyond the bottleneck)\n", p->exposed_s);
     printf("  bottleneck: %s\n", plan_bottleneck_name(p->bottleneck));
 }
@@ -202,6 +213,32 @@ static void print_text_host_memory(const struct report *r)
     }
 }
 
+static const char *host_state_name(int st)
+{
+    return st == HOST_STATE_SHARDED ? "sharded" : "replicated";
+}
+
+static void print_text_hosts(const struct report *r)
+{
+    const struct plan_info *in = r->info;
+    if (r->hosts == 1)
+        return;
+    printf("\n%d hosts x %d ranks: optimizer state %s (%s)\n", r->hosts, r->job->gpus,
+           host_state_name(r->plan->host_state), in->host_state_reason);
+    printf("  link between hosts: %.1f GB/s each way per host (%s), %.1f us per message\n", in->link_bw / 1e9,
+           r->job->host_link_gbps > 0 ? "runtime.host_link_gbps" : "assumed: one 200 Gb/s port; set runtime.host_link_gbps",
+           COST_LINK_LATENCY_S * 1e6);
+    printf("  cross-host bytes per step: %s sent per host (%s received)\n", sz(in->pred.link_bytes),
+           sz(in->pred.link_bytes));
+    for (int st = HOST_STATE_REPLICATED; st <= HOST_STATE_SHARDED; st++) {
+        const struct plan_host_state *h = &in->host_states[st];
+        printf("  %-10s host memory per host %10s", host_state_name(st), sz((double)h->host_bytes));
+        if (h->step_s > 0)
+            printf(", fastest step %.4f s", h->step_s);
+        printf("%s\n", st == r->plan->host_state ? "  (chosen)" : "");
+    }
+}
+
 static void print_text_whatifs(const struct report *r)
 {
     const struct plan_info *in = r->info;
@@ -261,6 +298,7 @@ static void print_text(const struct report *r)
     print_text_prediction(r);
     print_text_gpu_memory(r);
     print_text_host_memory(r);
+    print_text_hosts(r);
     print_text_whatifs(r);
     print_text_calibration(r);
 }
@@ -335,8 +373,8 @@ static cJSON *plan_json(const struct report *r)
     cJSON_AddStringToObject(pj, "grad_route", grad_route_name(pl->grad_route));
     cJSON_AddNumberToObject(pj, "logits_rows", pl->logits_rows);
     cJSON_AddBoolToObject(pj, "accumulate_on_device", pl->accumulate_on_device);
-    cJSON_AddBoolToObject(pj, "grads_direct", plan_grads_direct(pl, r->job->gpus, r->job->grad_accum));
-    cJSON_AddBoolToObject(pj, "grads_bf16", plan_grads_bf16(pl, r->job));
+    cJSON_AddBoolToObject(pj, "grads_direct", cost_grads_direct(pl, r->job));
+    cJSON_AddBoolToObject(pj, "grads_bf16", cost_grads_bf16(pl, r->job));
     cJSON_AddStringToObject(pj, "weights_source", plan_weights_source_name(pl->weights_source));
     cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
     for (int l = 0; l < r->cfg->num_layers; l++)
@@ -454,6 +492,30 @@ static cJSON *host_memory_json(const struct report *r)
     return h;
 }
 
+static cJSON *hosts_json(const struct report *r)
+{
+    const struct plan_info *in = r->info;
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddNumberToObject(h, "count", r->hosts);
+    cJSON_AddNumberToObject(h, "ranks_per_host", r->job->gpus);
+    cJSON_AddStringToObject(h, "host_state", host_state_name(r->plan->host_state));
+    cJSON_AddStringToObject(h, "reason", in->host_state_reason);
+    cJSON_AddNumberToObject(h, "link_bytes_per_s", in->link_bw);
+    cJSON_AddBoolToObject(h, "link_assumed", r->job->host_link_gbps <= 0);
+    cJSON_AddNumberToObject(h, "link_latency_s", COST_LINK_LATENCY_S);
+    cJSON_AddNumberToObject(h, "link_s", in->pred.link_s);
+    cJSON_AddNumberToObject(h, "link_bytes_per_host", in->pred.link_bytes);
+    cJSON_AddNumberToObject(h, "host_memory_per_host", (double)in->host.total);
+    cJSON_AddNumberToObject(h, "step_s", in->pred.step_s);
+    cJSON *states = cJSON_AddObjectToObject(h, "states");
+    for (int st = HOST_STATE_REPLICATED; st <= HOST_STATE_SHARDED; st++) {
+        cJSON *sj = cJSON_AddObjectToObject(states, host_state_name(st));
+        cJSON_AddNumberToObject(sj, "host_memory_per_host", (double)in->host_states[st].host_bytes);
+        cJSON_AddNumberToObject(sj, "step_s", in->host_states[st].step_s);
+    }
+    return h;
+}
+
 /* The policies the workers do not implement yet, priced (with_fits: each one says whether it fits;
  * the report of a failed search leaves that out). */
 static cJSON *whatifs_json(const struct plan_info *in, bool with_fits)
@@ -477,7 +539,9 @@ static cJSON *calibration_json(const struct calib *cal)
     cJSON *c = cJSON_CreateObject();
     cJSON *ch = cJSON_AddObjectToObject(c, "host");
     cJSON_AddStringToObject(ch, "hostname", cal->hostname);
-    cJSON_AddStringToObject(ch, "source", cal->host_source == CALIB_MEASURED ? "measured" : "cached");
+    cJSON_AddStringToObject(ch, "source", cal->host_source == CALIB_MEASURED ? "measured"
+                                          : cal->host_source == CALIB_FILE   ? "described"
+                                                                             : "cached");
     cJSON_AddStringToObject(ch, "file", cal->host_file);
     cJSON_AddNumberToObject(ch, "ncpu", cal->host.ncpu);
     cJSON_AddItemToObject(ch, "memcpy_bw", curve_json(&cal->host.memcpy_bw));
@@ -512,6 +576,7 @@ static void print_json(const struct report *r)
     cJSON_AddItemToObject(o, "topology", topology_json(r));
     cJSON_AddItemToObject(o, "routes", routes_json(r));
     cJSON_AddItemToObject(o, "host_memory", host_memory_json(r));
+    cJSON_AddItemToObject(o, "hosts", hosts_json(r));
     cJSON_AddItemToObject(o, "not_implemented", whatifs_json(r->info, true));
     cJSON_AddItemToObject(o, "calibration", calibration_json(r->cal));
     print_cjson(o);
@@ -548,14 +613,16 @@ static void print_failure(const struct job_config *job, const struct plan_info *
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: slidedp-plan job.ini [section.key=value ...] [--json] [--recalibrate]\n");
+    fprintf(stderr, "usage: slidedp-plan job.ini [section.key=value ...] [--hosts H] [--host-calib FILE] [--json] "
+                    "[--recalibrate]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    const char *ini = NULL;
+    const char *ini = NULL, *host_calib = NULL;
     bool json = false;
+    int hosts = 1;
     char **overrides = calloc((size_t)argc, sizeof *overrides);
     int num_overrides = 0;
     if (!overrides)
@@ -565,10 +632,27 @@ int main(int argc, char **argv)
             json = true;
         else if (!strcmp(argv[i], "--recalibrate"))
             calib_force_measure();
+        else if (!strcmp(argv[i], "--hosts")) {
+            char *end = NULL;
+            long h = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (!end || end == argv[i + 1] || *end || h < 1 || h > JOB_MAX_GPUS) {
+                fprintf(stderr, "slidedp-plan: --hosts needs a host count from 1 to %d\n", JOB_MAX_GPUS);
+                return 2;
+            }
+            hosts = (int)h;
+            i++;
+        } else if (!strcmp(argv[i], "--host-calib")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "slidedp-plan: --host-calib needs a calibration file\n");
+                return 2;
+            }
+            host_calib = argv[++i];
+        }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
             return usage();
         else if (argv[i][0] == '-') {
-            fprintf(stderr, "slidedp-plan: unknown option %s (accepted: --json, --recalibrate)\n", argv[i]);
+            fprintf(stderr, "slidedp-plan: unknown option %s (accepted: --hosts H, --host-calib FILE, --json, "
+                            "--recalibrate)\n", argv[i]);
             return 2;
         } else if (!ini)
             ini = argv[i];
@@ -598,10 +682,12 @@ int main(int argc, char **argv)
     if (model_config_seq_len_warning(&cfg, job.seq_len, warning, sizeof warning))
         fprintf(stderr, "slidedp-plan: %s\n", warning);
     struct calib cal;
-    if (calib_load(&cal) != 0) {
+    if ((host_calib ? calib_load_described(host_calib, &cal) : calib_load(&cal)) != 0) {
         fprintf(stderr, "slidedp-plan: calibration: %s\n", sd_errmsg());
         return 2;
     }
+    /* a described host plans with its own cores */
+    int host_cpus = host_calib ? cal.host.ncpu : (int)sysconf(_SC_NPROCESSORS_ONLN);
     /* the launcher's topology; where there is no GPU to probe, assume no P2P rather than fail */
     struct topology topo;
     char bin_dir[PATH_MAX], topo_note[1024] = "";
@@ -615,7 +701,7 @@ int main(int argc, char **argv)
     }
     struct plan plan;
     struct plan_info info = {0};
-    if (plan_choose(&job, &cfg, &cal, &topo, (int)sysconf(_SC_NPROCESSORS_ONLN), &plan, &info) != 0) {
+    if (plan_choose(&job, &cfg, &cal, &topo, host_cpus, hosts, &plan, &info) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         if (info.failed)
             print_failure(&job, &info, sd_errmsg(), json);
@@ -630,7 +716,8 @@ int main(int argc, char **argv)
         .topo = &topo,
         .topo_note = topo_note,
         .num_params = (double)model_config_num_params(&cfg),
-        .tokens = (double)job_tokens_per_step(&job),
+        .tokens = (double)hosts * job_tokens_per_step(&job),
+        .hosts = hosts,
     };
     if (json)
         print_json(&r);

@@ -232,10 +232,11 @@ static int slot_candidates(const struct job_config *job, int *out)
 
 /* Micro-steps summing their gradients on the device: forced, or tried on CUDA when there are
  * several (worker/model.c supports it on either backend; the CPU backend gains little). Never with
- * GPU-side gradients: their shard accumulators sum the micro-steps instead. */
-static int accumulate_candidates(const struct job_config *job, int grad_route, int *out)
+ * GPU-side gradients: their shard accumulators sum the micro-steps instead; never on several hosts,
+ * which sum every micro-step's gradient in the job's order. */
+static int accumulate_candidates(const struct job_config *job, int grad_route, int hosts, int *out)
 {
-    if (grad_route == GRADS_GPU) {
+    if (grad_route == GRADS_GPU || hosts > 1) {
         out[0] = 0;
         return 1;
     }
@@ -271,7 +272,7 @@ static int search_shapes(struct search *S, const struct plan *tmpl)
 {
     int lpcs[MAX_CANDS], bufs[MAX_CANDS], modes[2], accs[2];
     int nl = lpc_candidates(S->job, S->cfg->num_layers, lpcs), nm = mode_candidates(S->job, tmpl, modes);
-    int na = accumulate_candidates(S->job, tmpl->grad_route, accs);
+    int na = accumulate_candidates(S->job, tmpl->grad_route, tmpl->hosts, accs);
     for (int i = 0; i < nl; i++) {
         struct cand_layout cl;
         if (cand_layout_build(S->cfg, lpcs[i], &cl) != 0)
@@ -401,6 +402,12 @@ static void add_whatif(struct search *S, struct plan_info *info, const char *wha
     cand_layout_free(&cl);
 }
 
+/* Whether the search's best plan fits the host's memory (unknown memory: it does). */
+static bool best_fits_host(const struct search *S)
+{
+    return S->host_avail <= 0 || S->best_host.total <= S->host_avail;
+}
+
 /* Host memory of the job's model with L decoder layers under optimizer state st, on plan p with
  * its first `kept` layers keeping their activations; the model's parameters in *params. -1 when
  * its layout cannot be built. */
@@ -465,6 +472,22 @@ static void report_state_modes(const struct search *S, const struct plan *p, int
     }
 }
 
+/* Several hosts: each host state's fastest step, and the chosen plan's host memory per host under
+ * each. */
+static void report_host_states(const struct search *S, const struct plan *p, int kept, const double *steps,
+                               struct plan_info *info)
+{
+    info->link_bw = cost_link_bw(S->job);
+    for (int st = HOST_STATE_REPLICATED; st <= HOST_STATE_SHARDED; st++) {
+        struct plan q = *p;
+        q.host_state = st;
+        int64_t params;
+        info->host_states[st].step_s = steps[st];
+        info->host_states[st].host_bytes =
+            host_bytes_with(S, &q, kept, S->cfg->num_layers, S->job->optimizer_state, &params);
+    }
+}
+
 /* ---- routes ---- */
 
 /* The route combinations a job may take, and why. */
@@ -480,11 +503,19 @@ static int no_p2p_err(const char *key, const char *value, int a, int b)
     return sd_err("[runtime] %s = %s needs P2P between every pair of GPUs; GPUs %d and %d have none", key, value, a, b);
 }
 
-/* One GPU: no peers. Forced routes: as job.ini says, where every pair of GPUs has P2P. Auto: the
- * peer routes are tried where every pair has P2P, except on the CPU backend, whose peer copies go
- * through shared memory rather than a PCIe link and save nothing. */
-static int route_candidates(const struct job_config *job, const struct topology *topo, struct route_set *rs)
+/* One GPU: no peers. Several hosts: replicated parameters and gradients through host memory, what
+ * slidedp-launch runs across hosts whatever job.ini says. Forced routes: as job.ini says, where
+ * every pair of GPUs has P2P. Auto: the peer routes are tried where every pair has P2P, except on
+ * the CPU backend, whose peer copies go through shared memory rather than a PCIe link and save
+ * nothing. */
+static int route_candidates(const struct job_config *job, const struct topology *topo, int hosts,
+                            struct route_set *rs)
 {
+    if (hosts > 1) {
+        *rs = (struct route_set){.n = 1, .param_route = {PARAMS_REPLICATED}, .grad_route = {GRADS_CPU}};
+        snprintf(rs->reason, sizeof rs->reason, "several hosts: the gradients cross through host memory");
+        return 0;
+    }
     memset(rs, 0, sizeof *rs);
     int a = 0, b = 0;
     bool peers = job->gpus > 1, all_p2p = topology_all_p2p(topo, &a, &b);
@@ -560,6 +591,47 @@ static int search_routes(const struct search *base, const struct plan *tmpl, con
     return 0;
 }
 
+/* search_routes for each host state the job may take: with one host replicated; forced; or with
+ * auto both, and replicated stays when it fits the host's memory and is not slower by more than
+ * noise, else sharded. steps[state] receives each state's fastest step (0: none fits), reason why
+ * the state was taken. */
+static int search_host_states(const struct search *base, const struct plan *tmpl, const struct route_set *rs,
+                              struct search *best, struct plan_route_option *options, double *steps, char *reason,
+                              size_t reason_len)
+{
+    int states[2] = {HOST_STATE_REPLICATED, HOST_STATE_SHARDED}, n = 2;
+    if (tmpl->hosts == 1 || base->job->host_state != HOST_STATE_AUTO) {
+        states[0] = tmpl->hosts == 1 ? HOST_STATE_REPLICATED : (int)base->job->host_state;
+        n = 1;
+    }
+    int evaluated = 0;
+    for (int i = 0; i < n; i++) {
+        struct search S;
+        struct plan_route_option opts[PLAN_MAX_ROUTES];
+        struct plan t = *tmpl;
+        t.host_state = states[i];
+        if (search_routes(base, &t, rs, &S, opts) != 0)
+            return -1;
+        evaluated += S.evaluated;
+        steps[states[i]] = S.found ? S.best_pred.step_s : 0;
+        bool replicated_stays = i > 0 && best->found && best_fits_host(best) &&
+                                (!S.found || best->best_pred.step_s <= S.best_pred.step_s * 1.002);
+        if (i > 0)
+            snprintf(reason, reason_len, "auto: %s",
+                     replicated_stays                      ? "replicated fits and is not slower"
+                     : best->found && best_fits_host(best) ? "sharded is faster"
+                                                           : "replicated does not fit the host's memory");
+        if (i == 0 || (!replicated_stays && (S.found || !best->found))) {
+            *best = S;
+            memcpy(options, opts, sizeof opts);
+        }
+    }
+    if (n == 1)
+        snprintf(reason, reason_len, "%s", tmpl->hosts == 1 ? "one host" : "set in job.ini");
+    best->evaluated = evaluated;
+    return 0;
+}
+
 static void report_routes(struct plan_info *info, const struct route_set *rs, const struct plan_route_option *options,
                           bool found)
 {
@@ -577,24 +649,36 @@ struct source_search {
     struct search S;
     struct plan_route_option options[PLAN_MAX_ROUTES];
     bool host_fits;
+    double state_steps[3]; /* search_host_states' */
+    char state_reason[128];
 };
 
+/* search_host_states for one weights source; when nothing fits the host's memory, again for the
+ * device alone (host_fits then says so). */
 static int search_source(const struct search *base, const struct plan *tmpl, const struct route_set *routes,
                          struct source_search *out)
 {
-    if (search_routes(base, tmpl, routes, &out->S, out->options) != 0)
+    memset(out->state_steps, 0, sizeof out->state_steps);
+    if (search_host_states(base, tmpl, routes, &out->S, out->options, out->state_steps, out->state_reason,
+                           sizeof out->state_reason) != 0)
         return -1;
     out->host_fits = out->S.found;
     if (out->S.found)
         return 0;
     struct search device_only = *base;
     device_only.enforce_host = false;
-    return search_routes(&device_only, tmpl, routes, &out->S, out->options);
+    return search_host_states(&device_only, tmpl, routes, &out->S, out->options, out->state_steps, out->state_reason,
+                              sizeof out->state_reason);
 }
 
-/* As job.ini sets it, else both: the bf16 copy first. */
-static int source_candidates(const struct job_config *job, int *out)
+/* As job.ini sets it, else both: the bf16 copy first. Several hosts read the copy (the other hosts'
+ * updated chunks arrive into it; launcher/hosts.c hosts_share_plan). */
+static int source_candidates(const struct job_config *job, int hosts, int *out)
 {
+    if (hosts > 1) {
+        out[0] = WEIGHTS_BF16_COPY;
+        return 1;
+    }
     if (job->weights_source != WEIGHTS_AUTO) {
         out[0] = job->weights_source;
         return 1;
@@ -612,12 +696,14 @@ static int source_candidates(const struct job_config *job, int *out)
  * shared by every GPU) and the optimizers' writing it; the master doubles the bytes each GPU pulls
  * over its link. So: the copy when it fits the host's memory and is faster by more than noise; the
  * master when the copy does not fit, or is not faster. */
-static int choose_source(const struct source_search *per, int n, const struct job_config *job, char *why, size_t len)
+static int choose_source(const struct source_search *per, int n, const struct job_config *job, int hosts, char *why,
+                         size_t len)
 {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
     if (n == 1) {
         snprintf(why, len, "%s",
-                 job->weights_source != WEIGHTS_AUTO ? "set in job.ini"
+                 hosts > 1                           ? "several hosts read the bf16 copy"
+                 : job->weights_source != WEIGHTS_AUTO ? "set in job.ini"
                                                      : "update_mode = during_backward needs the copy's previous version");
         return 0;
     }
@@ -693,7 +779,7 @@ static void explain_failure(struct search *S, const struct plan *tmpl, struct pl
 }
 
 int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
-                const struct topology *topo, int host_cpus, struct plan *plan, struct plan_info *info)
+                const struct topology *topo, int host_cpus, int hosts, struct plan *plan, struct plan_info *info)
 {
     memset(plan, 0, sizeof *plan);
     int L = cfg->num_layers;
@@ -708,9 +794,11 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
             return sd_err("[runtime] optim_procs = %d: the model has only %d chunks to share out", job->optim_procs,
                           num_chunks);
     }
+    if (hosts < 1 || (int64_t)hosts * job->gpus > JOB_MAX_GPUS)
+        return sd_err("%d hosts x %d GPUs: a job has 1 to %d ranks in all", hosts, job->gpus, JOB_MAX_GPUS);
     SD_ASSERT(topo->gpus == job->gpus);
     struct route_set routes;
-    if (route_candidates(job, topo, &routes) != 0)
+    if (route_candidates(job, topo, hosts, &routes) != 0)
         return -1;
 
     bool cpu = job->device == DEVICE_CPU;
@@ -727,19 +815,21 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         .optim_threads = job->optim_threads > 0 ? job->optim_threads : 1,
         .param_route = PARAMS_REPLICATED,
         .grad_route = GRADS_CPU,
+        .hosts = hosts,
+        .host_state = HOST_STATE_REPLICATED,
     };
     /* about 64 MiB of logits at a time to start with (search_logits tries more) */
     tmpl.logits_rows = logits_rows_of(job, cfg, 64);
 
     struct source_search per[2];
-    int sources[2], nsrc = source_candidates(job, sources);
+    int sources[2], nsrc = source_candidates(job, hosts, sources);
     for (int i = 0; i < nsrc; i++) {
         tmpl.weights_source = sources[i];
         if (search_source(&base, &tmpl, &routes, &per[i]) != 0)
             return -1;
     }
     char source_reason[256];
-    int pick = choose_source(per, nsrc, job, source_reason, sizeof source_reason);
+    int pick = choose_source(per, nsrc, job, hosts, source_reason, sizeof source_reason);
     struct search S = per[pick].S;
     struct plan_route_option *options = per[pick].options;
     bool host_fits = per[pick].host_fits;
@@ -749,6 +839,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
             struct plan smallest_routes = tmpl;
             smallest_routes.param_route = S.min_plan.param_route;
             smallest_routes.grad_route = S.min_plan.grad_route;
+            smallest_routes.host_state = S.min_plan.host_state;
             explain_failure(&S, &smallest_routes, info);
             report_routes(info, &routes, options, false);
         }
@@ -775,6 +866,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     plan->predicted_p2p_s = S.best_pred.p2p_s;
     plan->predicted_host_mem_s = S.best_pred.host_mem_s;
     plan->predicted_exposed_s = S.best_pred.exposed_s;
+    plan->predicted_link_s = S.best_pred.link_s;
     plan->bottleneck = S.best_pred.bottleneck;
     plan->gpu_bytes = S.best_gpu.total;
     plan->gpu_context_bytes = S.best_gpu.context;
@@ -809,17 +901,19 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
                 .host_bytes = per[i].S.found ? per[i].S.best_host.total : 0,
             };
         snprintf(info->source_reason, sizeof info->source_reason, "%s", source_reason);
+        report_host_states(&S, plan, S.best_kept, per[pick].state_steps, info);
+        snprintf(info->host_state_reason, sizeof info->host_state_reason, "%s", per[pick].state_reason);
     }
     return 0;
 }
 
 int plan_make(const struct job_config *job, const struct model_config *cfg, const struct topology *topo,
-              int host_cpus, struct plan *plan)
+              int host_cpus, int hosts, struct plan *plan)
 {
     struct calib cal;
     if (calib_load(&cal) != 0)
         return sd_err_prefix("planner calibration");
-    return plan_choose(job, cfg, &cal, topo, host_cpus, plan, NULL);
+    return plan_choose(job, cfg, &cal, topo, host_cpus, hosts, plan, NULL);
 }
 
 void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner)
@@ -862,7 +956,8 @@ const char *plan_weights_source_name(int source)
 const char *plan_bottleneck_name(int bottleneck)
 {
     static const char *names[] = {"device compute", "weights host->device", "gradients device->host",
-                                  "GPU peer copies", "CPU optimizer", "host memory bandwidth"};
+                                  "GPU peer copies", "CPU optimizer", "host memory bandwidth",
+                                  "link between hosts"};
     return bottleneck >= 0 && bottleneck < (int)(sizeof names / sizeof names[0]) ? names[bottleneck] : "?";
 }
 
@@ -877,9 +972,9 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
     for (int l = 0; l < cfg->num_layers; l++)
         kept += plan->keep_acts[l];
     char slots[64];
-    if (plan_grads_direct(plan, job->gpus, job->grad_accum))
+    if (cost_grads_direct(plan, job))
         snprintf(slots, sizeof slots, "gradients straight into the accumulator (%s)",
-                 plan_grads_bf16(plan, job) ? "bf16" : "fp32");
+                 cost_grads_bf16(plan, job) ? "bf16" : "fp32");
     else
         snprintf(slots, sizeof slots, "%d grad slots per rank", plan->grad_slots);
     fprintf(f, "plan: %d layer(s) per chunk, %d chunk buffers, %s, %d optimizer process(es) x %d thread(s)\n",
@@ -896,4 +991,9 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
             plan->predicted_step_s, plan->predicted_compute_s, plan->predicted_h2d_s, plan->predicted_d2h_s,
             plan->predicted_optim_s, plan_bottleneck_name(plan->bottleneck), job->device == DEVICE_CPU ? "worker" : "GPU",
             (double)plan->gpu_bytes / GIB, (double)plan->host_bytes / GIB);
+    if (plan->hosts > 1)
+        fprintf(f, "plan: %d hosts, optimizer state %s across them, link %.1f GB/s each way%s: busy %.4f s per step\n",
+                plan->hosts, plan->host_state == HOST_STATE_SHARDED ? "sharded" : "replicated",
+                cost_link_bw(job) / 1e9, job->host_link_gbps > 0 ? "" : " (assumed: runtime.host_link_gbps = 0)",
+                plan->predicted_link_s);
 }

@@ -46,6 +46,12 @@ struct plan_source_option {
     int64_t host_bytes;
 };
 
+/* Several hosts: one host state searched (enum host_state). */
+struct plan_host_state {
+    double step_s;      /* its fastest plan; 0: not searched, or nothing fits */
+    int64_t host_bytes; /* per host: the chosen plan's choices with this state */
+};
+
 /* Host memory of the job under one [train] optimizer_state, on the chosen plan's choices; and the
  * largest model of the job's shape that fits this host: the job's model with as many decoder
  * layers as fit (hidden size, heads, MLP and vocabulary unchanged), each layer priced with the
@@ -84,22 +90,26 @@ struct plan_info {
     int num_sources;        /* weights sources searched (one when job.ini sets it) */
     struct plan_source_option sources[2];
     char source_reason[256]; /* why the chosen one */
+    double link_bw;                        /* several hosts: bytes/s each way per host */
+    struct plan_host_state host_states[3]; /* by enum host_state ([HOST_STATE_AUTO] unused) */
+    char host_state_reason[128];           /* why the plan's host state: one host, job.ini, auto's rule */
 };
 
-/* Fills plan with the fastest plan that fits runtime.gpu_mem (auto: the calibrated device memory
- * on CUDA, host memory on the CPU backend) and host memory, honouring every choice job.ini makes;
+/* Fills plan with the fastest plan for `hosts` hosts of job->gpus ranks each (docs/design.md §10.8)
+ * that fits runtime.gpu_mem (auto: the calibrated device memory on CUDA, host memory on the CPU
+ * backend) and host memory (per host), honouring every choice job.ini makes;
  * the routes are those topo (job->gpus ranks) allows: peer routes only where every pair of GPUs
  * has P2P, and never chosen automatically on the CPU backend. Fails with a message naming the
  * job.ini key when a forced choice is impossible, and with the smallest budget that would do when
  * nothing fits. Measures or reads the host's calibration. The job is as job_config_load validated
  * it (the checks of the job alone, e.g. chunk_buffers >= 3, are there). */
 int plan_make(const struct job_config *job, const struct model_config *cfg, const struct topology *topo,
-              int host_cpus, struct plan *plan);
+              int host_cpus, int hosts, struct plan *plan);
 
 /* plan_make with a given calibration; info (may be NULL) receives the details, also when nothing
  * fits. */
 int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
-                const struct topology *topo, int host_cpus, struct plan *plan, struct plan_info *info);
+                const struct topology *topo, int host_cpus, int hosts, struct plan *plan, struct plan_info *info);
 
 /* Optimizer process of each chunk: largest chunks first onto the least loaded process, so each
  * process gets about the same number of parameters (deterministic). */

@@ -3,7 +3,10 @@
  * of a small config, the switch to recomputing layers as gpu_mem shrinks, the "nothing fits" error
  * with the smallest budget, job.ini choices honoured, the routes chosen for simulated 4-GPU
  * hosts with and without P2P, the Qwen3-8B shape's host bytes per parameter and largest fitting
- * model in both optimizer_state modes, and the choice between the bf16 copy and the streamed master. A fixed calibration, so no timing is involved. */
+ * model in both optimizer_state modes, the choice between the bf16 copy and the streamed master,
+ * and several hosts: the bytes crossing the link, the memory per host in both host states, auto's
+ * choice, one host planned exactly as before, and Qwen2.5-72B on the described H200 hosts of
+ * docs/performance.md §7. Fixed or described calibrations, so no timing is involved. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -12,6 +15,7 @@
 
 #include "common/err.h"
 #include "planner/search.h"
+#include "shm/ctl.h"
 
 static struct calib test_calib(void)
 {
@@ -227,6 +231,181 @@ static void test_bytes_per_pass(void **state)
     layout_free(&lay);
 }
 
+/* Several hosts by hand: 3 hosts of 2 CUDA ranks, 3 micro-steps, fp32 gradients. Every rank posts
+ * every chunk's gradient each micro-step (3 x 2 x 4 bytes per parameter per host); replicated sends
+ * each post to the 2 other hosts, sharded sends each other host only its third of it and, after the
+ * update, its own third of the bf16 parameters to both others. */
+static void test_hosts_link_bytes(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct job_config job = job_of(DEVICE_CUDA, 2, 2, 8, 3);
+    struct layout lay;
+    struct step_pred one, pred;
+    struct plan p = hand_plan(1, 6, 4, 2, UPDATE_AFTER_BACKWARD);
+    price_plan(&cfg, &job, &p, &lay, &one, NULL, NULL);
+    double total = (double)lay.total_numel;
+    assert_true(one.link_bytes == 0 && one.link_s == 0);
+    layout_free(&lay);
+
+    p.hosts = 3;
+    p.host_state = HOST_STATE_REPLICATED;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    double replicated = 3 * 2 * 4.0 * total * 2;
+    printf("# 3 hosts x 2 ranks, replicated: %.0f bytes out per host (expect %.0f), link %.6f s\n", pred.link_bytes,
+           replicated, pred.link_s);
+    assert_true(fabs(pred.link_bytes - replicated) < 1e-9 * replicated);
+    assert_true(fabs(pred.link_s - replicated / COST_LINK_DEFAULT_BW) < 1e-12);
+    /* each host's optimizers add all 3 x 2 x 3 posts (12 bytes a parameter) and update everything */
+    assert_true(fabs(pred.optim_bytes - (18 * 12.0 + 30.0) * total) < 1e-9 * pred.optim_bytes);
+    /* the hosts' compute and transfers to their GPUs do not change */
+    assert_true(pred.compute_s == one.compute_s && pred.h2d_bytes == one.h2d_bytes && pred.d2h_bytes == one.d2h_bytes);
+    layout_free(&lay);
+
+    p.host_state = HOST_STATE_SHARDED;
+    job.host_link_gbps = 10;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    double sharded = 3 * 2 * 4.0 * total * 2 / 3 + 2.0 * total * 2 / 3;
+    printf("# 3 hosts x 2 ranks, sharded: %.0f bytes out per host (expect %.0f), link %.6f s\n", pred.link_bytes,
+           sharded, pred.link_s);
+    assert_true(fabs(pred.link_bytes - sharded) < 1e-9 * sharded);
+    assert_true(fabs(pred.link_s - sharded / 10e9) < 1e-12);
+    /* each host adds every host's posts of its third and updates its third */
+    assert_true(fabs(pred.optim_bytes - (18 * 12.0 + 30.0) * total / 3) < 1e-9 * pred.optim_bytes);
+    layout_free(&lay);
+
+    /* a link so slow it binds: the step is at least its busy time, and the bottleneck says so */
+    job.host_link_gbps = 0.001;
+    price_plan(&cfg, &job, &p, &lay, &pred, NULL, NULL);
+    assert_int_equal(pred.bottleneck, BOTTLENECK_LINK);
+    assert_true(pred.step_s >= pred.link_s && pred.link_s > 100 * one.step_s);
+    layout_free(&lay);
+}
+
+/* Host memory per host: sharded holds the whole bf16 copy and a third of master, m, v and the
+ * accumulator; both hold the gradient slots of all 6 ranks of the job. */
+static void test_hosts_memory(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct job_config job = job_of(DEVICE_CUDA, 2, 2, 8, 3);
+    struct layout lay;
+    struct host_mem_pred one, rep, sh;
+    struct gpu_mem_pred gm;
+    struct plan p = hand_plan(1, 6, 4, 2, UPDATE_AFTER_BACKWARD);
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &one);
+    layout_free(&lay);
+    p.hosts = 3;
+    p.host_state = HOST_STATE_REPLICATED;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &rep);
+    layout_free(&lay);
+    p.host_state = HOST_STATE_SHARDED;
+    price_plan(&cfg, &job, &p, &lay, NULL, &gm, &sh);
+    int64_t total = lay.total_numel, third = (total + 2) / 3, slots = 6LL * 4 * lay.max_chunk_numel * 4;
+    printf("# host memory per host, 3 hosts: replicated %lld, sharded %lld (one host %lld)\n", (long long)rep.total,
+           (long long)sh.total, (long long)one.total);
+    /* master: fp32 master, m, v and the accumulator (16 bytes a parameter), and the staging blocks
+     * of the 2 optimizer processes; grads: the slots of every rank */
+    int64_t staging = 2 * (int64_t)ctl_staging_lane_bytes(ctl_state_size(OPTIM_STATE_FP32));
+    assert_int_equal(one.master, total * 16 + staging);
+    assert_int_equal(rep.master, total * 16 + staging);
+    assert_int_equal(one.grads, slots / 3);
+    assert_int_equal(rep.grads, slots);
+    assert_int_equal(sh.params16, total * 2);
+    assert_int_equal(sh.master, third * 16 + staging);
+    assert_int_equal(sh.grads, slots);
+    assert_int_equal(sh.ctl, rep.ctl);
+    assert_true(rep.ctl > one.ctl); /* the other hosts' ranks have rings and slot tables too */
+    assert_true(sh.total < rep.total);
+    assert_int_equal(rep.total - sh.total, (total - third) * 16);
+    layout_free(&lay);
+}
+
+/* Auto host state on 2 hosts: with memory for either, the faster; with memory between the two
+ * states' needs, sharded because replicated does not fit; forced replicated then fits nothing. */
+static void test_hosts_auto_state(void **state)
+{
+    struct model_config cfg = medium();
+    struct job_config job = job_of(DEVICE_CUDA, 1, 2, 1024, 2);
+    struct calib cal = test_calib();
+    struct topology topo;
+    topology_assumed(1, &topo);
+    struct plan p;
+    struct plan_info info;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
+    assert_int_equal(p.hosts, 2);
+    const struct plan_host_state *rep = &info.host_states[HOST_STATE_REPLICATED];
+    const struct plan_host_state *sh = &info.host_states[HOST_STATE_SHARDED];
+    printf("# 2 hosts, plenty of memory: %s (%s); replicated %.4f s %lld bytes, sharded %.4f s %lld bytes\n",
+           p.host_state == HOST_STATE_SHARDED ? "sharded" : "replicated", info.host_state_reason, rep->step_s,
+           (long long)rep->host_bytes, sh->step_s, (long long)sh->host_bytes);
+    assert_true(rep->step_s > 0 && sh->step_s > 0 && sh->host_bytes < rep->host_bytes);
+    bool replicated_wins = rep->step_s <= sh->step_s * 1.002;
+    assert_int_equal(p.host_state, replicated_wins ? HOST_STATE_REPLICATED : HOST_STATE_SHARDED);
+    assert_true(info.host.total == info.host_states[p.host_state].host_bytes);
+
+    cal.mem_available = (sh->host_bytes + rep->host_bytes) / 2;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
+    assert_int_equal(p.host_state, HOST_STATE_SHARDED);
+    assert_true(info.host_fits && info.host.total <= cal.mem_available);
+    assert_string_equal(info.host_state_reason, "auto: replicated does not fit the host's memory");
+    assert_true(info.host_states[HOST_STATE_REPLICATED].host_bytes > cal.mem_available);
+
+    job.host_state = HOST_STATE_REPLICATED;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
+    assert_int_equal(p.host_state, HOST_STATE_REPLICATED);
+    assert_false(info.host_fits);
+    assert_string_equal(info.host_state_reason, "set in job.ini");
+    /* several hosts take the routes the engine runs across hosts, whatever job.ini asks */
+    job.accumulate_on_device = 1;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
+    assert_int_equal(p.accumulate_on_device, 0);
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 0, &p, &info), -1);
+}
+
+/* docs/performance.md §7 as the tests see it: Qwen2.5-72B (examples/qwen2.5-72b-h200.ini) on the
+ * described hosts of examples/. One H200 per host of the lent kind: sharded on 2 hosts, and no host
+ * count fits, as each host keeps the whole bf16 copy (135 GiB) beyond its 120 GiB. Eight per host
+ * (the assumed 8-GPU host): one 25 GB/s port binds from 2 hosts, four do not. */
+static void test_hosts_qwen72b_described(void **state)
+{
+    char ini[1200], cfg_path[1200];
+    snprintf(ini, sizeof ini, "%s", tu_src("examples/qwen2.5-72b-h200.ini"));
+    snprintf(cfg_path, sizeof cfg_path, "%s", tu_src("examples/qwen2.5-72b/config.json"));
+    struct job_config job;
+    struct model_config cfg;
+    assert_int_equal(job_config_load(ini, 0, NULL, &job), 0);
+    assert_int_equal(model_config_load(cfg_path, &cfg), 0);
+    struct calib cal;
+    assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), &cal), 0);
+    assert_int_equal(cal.host.ncpu, 16);
+    assert_int_equal(cal.host_source, CALIB_FILE);
+    assert_int_equal(cal.mem_available, (int64_t)120 << 30);
+    struct topology topo;
+    topology_assumed(job.gpus, &topo);
+    struct plan p;
+    struct plan_info info;
+    for (int hosts = 2; hosts <= 8; hosts *= 2) {
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, hosts, &p, &info), 0);
+        printf("# 72B, %d hosts of one H200: %s, step %.1f s, %.0f GiB per host, link %.1f s\n", hosts,
+               p.host_state == HOST_STATE_SHARDED ? "sharded" : "replicated", p.predicted_step_s,
+               (double)info.host.total / (1 << 30), info.pred.link_s);
+        assert_int_equal(p.host_state, HOST_STATE_SHARDED);
+        assert_false(info.host_fits);
+        assert_true(info.host.params16 > cal.mem_available);
+    }
+    struct calib node;
+    assert_int_equal(calib_load_described(tu_src("examples/hgx-h200-node.json"), &node), 0);
+    job.gpus = 8;
+    topology_assumed(job.gpus, &topo);
+    assert_int_equal(plan_choose(&job, &cfg, &node, &topo, node.host.ncpu, 2, &p, &info), 0);
+    assert_true(info.host_fits);
+    assert_int_equal(info.pred.bottleneck, BOTTLENECK_LINK);
+    job.host_link_gbps = 100;
+    assert_int_equal(plan_choose(&job, &cfg, &node, &topo, node.host.ncpu, 2, &p, &info), 0);
+    assert_int_equal(info.pred.bottleneck, BOTTLENECK_HOST_MEM);
+    /* not a host calibration file */
+    assert_int_equal(calib_load_described(cfg_path, &node), -1);
+}
+
 static void test_memory_footprint(void **state)
 {
     struct model_config cfg = tiny(2);
@@ -350,7 +529,7 @@ static int plan_no_p2p(const struct job_config *job, const struct model_config *
 {
     struct topology topo;
     topology_assumed(job->gpus, &topo);
-    return plan_choose(job, cfg, cal, &topo, 8, p, info);
+    return plan_choose(job, cfg, cal, &topo, 8, 1, p, info);
 }
 
 static int choose(const struct job_config *job, const struct model_config *cfg, struct plan *p, struct plan_info *info)
@@ -512,7 +691,7 @@ static void test_weights_source(void **state)
     four.weights_source = WEIGHTS_AUTO;
     four.gpu_mem = (int64_t)80 << 30;
     struct calib big_host = cal; /* the fast host above */
-    assert_int_equal(plan_choose(&four, &q14, &big_host, &p2p, 8, &p, &info), 0);
+    assert_int_equal(plan_choose(&four, &q14, &big_host, &p2p, 8, 1, &p, &info), 0);
     printf("# 14B, 4 x 80 GiB with P2P: %s (%s)\n", plan_weights_source_name(p.weights_source), info.source_reason);
     assert_int_equal(p.weights_source, WEIGHTS_BF16_COPY);
     assert_non_null(strstr(info.source_reason, "the bf16 copy is faster"));
@@ -538,15 +717,58 @@ static void test_weights_source(void **state)
     assert_int_equal(p.update_mode, UPDATE_AFTER_BACKWARD);
     assert_int_equal(info.num_sources, 1);
     assert_non_null(strstr(info.source_reason, "set in job.ini"));
+    /* during the backward with the source left to the planner: the copy (master with updates
+     * during the backward is refused by job.ini's validation: test_job, test_bad_input) */
     job.update_mode = UPDATE_DURING_BACKWARD;
-    assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), -1);
-    printf("# %s\n", sd_errmsg());
-    assert_non_null(strstr(sd_errmsg(), "weights_source = master needs update_mode = after_backward"));
-    /* during the backward with the source left to the planner: the copy */
     job.weights_source = WEIGHTS_AUTO;
     assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
     assert_int_equal(p.weights_source, WEIGHTS_BF16_COPY);
     assert_int_equal(p.update_mode, UPDATE_DURING_BACKWARD);
+}
+
+/* One host is planned exactly as before several hosts were modelled: the choices and the bits of
+ * the predictions the planner gave for these jobs before (commit 66bfcb8, the shared state's shape
+ * of issue 20), host_state ignored. */
+static void test_hosts_one_as_before(void **state)
+{
+    struct model_config cfg = medium();
+    static const struct {
+        int device, gpus, mb, accum;
+        double clip;
+        int lpc, buffers, slots, procs, threads, mode;
+        double step_s, optim_bytes, h2d_bytes, d2h_bytes;
+        int64_t host_bytes, gpu_bytes;
+    } cases[] = {
+        {DEVICE_CUDA, 1, 4, 1, 1.0, 3, 5, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.029795c04ce4ap-3, 0x1.83dccp+32,
+         0x1.6d0cp+28, 0x1.6d0cp+29, 3446067200, 3572482048},
+        {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.2078f36a469cap-3, 0x1.83dbbp+32,
+         0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3885318144},
+        {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21e03bb74ab6ap+7, 0x1.22e4c4p+34,
+         0x1.6d0bp+28, 0x1.11c84p+31, 10167043072, 2353828352},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int st = HOST_STATE_AUTO; st <= HOST_STATE_SHARDED; st++) {
+            struct job_config job = job_of(cases[i].device, cases[i].gpus, cases[i].mb, 1024, cases[i].accum);
+            job.grad_clip = cases[i].clip;
+            job.host_state = (enum host_state)st;
+            struct plan p;
+            struct plan_info info;
+            assert_int_equal(choose(&job, &cfg, &p, &info), 0);
+            assert_int_equal(p.hosts, 1);
+            assert_int_equal(p.host_state, HOST_STATE_REPLICATED);
+            assert_int_equal(p.layers_per_chunk, cases[i].lpc);
+            assert_int_equal(p.chunk_buffers, cases[i].buffers);
+            assert_int_equal(p.grad_slots, cases[i].slots);
+            assert_int_equal(p.optim_procs, cases[i].procs);
+            assert_int_equal(p.optim_threads, cases[i].threads);
+            assert_int_equal(p.update_mode, cases[i].mode);
+            assert_true(info.pred.step_s == cases[i].step_s && p.predicted_step_s == cases[i].step_s);
+            assert_true(info.pred.optim_bytes == cases[i].optim_bytes);
+            assert_true(info.pred.h2d_bytes == cases[i].h2d_bytes && info.pred.d2h_bytes == cases[i].d2h_bytes);
+            assert_true(info.pred.link_bytes == 0 && info.pred.link_s == 0);
+            assert_int_equal(info.host.total, cases[i].host_bytes);
+            assert_int_equal(info.gpu.total, cases[i].gpu_bytes);
+        }
 }
 
 static void test_recompute_as_memory_shrinks(void **state)
@@ -774,7 +996,7 @@ static void test_routes_from_topology(void **state)
         for (int i = 0; i < 4; i++) {
             job.param_route = params[i / 2];
             job.grad_route = grads[i % 2];
-            int rc = plan_choose(&job, &cfg, &cal, &p2p, 8, &p, NULL);
+            int rc = plan_choose(&job, &cfg, &cal, &p2p, 8, 1, &p, NULL);
             step[i] = rc == 0 ? p.predicted_step_s : INFINITY;
             if (rc == 0) {
                 assert_int_equal(p.param_route, params[i / 2]);
@@ -798,7 +1020,7 @@ static void test_routes_from_topology(void **state)
         assert_true(fastest >= 0);
         job.param_route = ROUTE_AUTO;
         job.grad_route = GRADS_AUTO;
-        assert_int_equal(plan_choose(&job, &cfg, &cal, &p2p, 8, &p, &info), 0);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &p2p, 8, 1, &p, &info), 0);
         printf("# 14B, 4 x %d GiB with P2P, auto: %s, step %.4f s (%s)\n", budget,
                routes_name(p.param_route, p.grad_route), p.predicted_step_s, info.route_reason);
         assert_int_equal(p.param_route, params[fastest / 2]);
@@ -811,7 +1033,7 @@ static void test_routes_from_topology(void **state)
         peers_won |= fastest != 0;
 
         /* no P2P: replicated/cpu, the same plan as forcing it where P2P exists */
-        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, &info), 0);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, 1, &p, &info), 0);
         printf("# 14B, 4 x %d GiB without P2P, auto: %s, step %.4f s (%s)\n", budget,
                routes_name(p.param_route, p.grad_route), p.predicted_step_s, info.route_reason);
         assert_int_equal(p.param_route, PARAMS_REPLICATED);
@@ -819,12 +1041,12 @@ static void test_routes_from_topology(void **state)
         assert_true(fabs(p.predicted_step_s - step[0]) <= 1e-9 * step[0]);
         assert_string_equal(info.route_reason, "no P2P between GPUs 0 and 1");
         job.param_route = PARAMS_SHARDED;
-        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, NULL), -1);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, 1, &p, NULL), -1);
         assert_string_equal(sd_errmsg(), "[runtime] param_route = sharded needs P2P between every pair of GPUs; GPUs 0 "
                                          "and 1 have none");
         job.param_route = ROUTE_AUTO;
         job.grad_route = GRADS_GPU;
-        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, &p, NULL), -1);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &none, 8, 1, &p, NULL), -1);
         assert_string_equal(sd_errmsg(), "[runtime] grad_route = gpu needs P2P between every pair of GPUs; GPUs 0 and "
                                          "1 have none");
     }
@@ -838,7 +1060,7 @@ static void expect_routes(const struct job_config *job, const struct topology *t
 {
     struct model_config cfg = medium();
     struct calib cal = test_calib();
-    assert_int_equal(plan_choose(job, &cfg, &cal, t, 8, p, info), 0);
+    assert_int_equal(plan_choose(job, &cfg, &cal, t, 8, 1, p, info), 0);
     printf("# %d x %s: %s (%s)\n", job->gpus, job->device == DEVICE_CPU ? "cpu" : "cuda",
            routes_name(p->param_route, p->grad_route), info->route_reason);
     assert_int_equal(p->param_route, param_route);
@@ -872,14 +1094,14 @@ static void test_route_rules(void **state)
     for (int i = 0; i < 4; i++)
         t.p2p[i] = (uint64_t)1 << (i ^ 1);
     job.grad_route = GRADS_GPU;
-    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, &p, NULL), -1);
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, 1, &p, NULL), -1);
     assert_non_null(strstr(sd_errmsg(), "GPUs 0 and 2 have none"));
     /* the GPU-side route's shard accumulators replace on-device accumulation: asking for the latter
      * keeps the gradients on the CPU route (asking for both is a job.ini error, tests/test_job.c) */
     t = host_of("examples/topology-4gpu-p2p.ini", 4);
     job.accumulate_on_device = 1;
     job.grad_route = GRADS_AUTO;
-    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, &p, &info), 0);
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &t, 8, 1, &p, &info), 0);
     assert_int_equal(p.grad_route, GRADS_CPU);
     assert_int_equal(p.accumulate_on_device, 1);
     assert_string_equal(info.route_reason, "the fastest of 2 combinations");
@@ -901,6 +1123,11 @@ int main(void)
         cmocka_unit_test(test_route_rules),
         cmocka_unit_test(test_host_bytes_per_param_qwen3_8b),
         cmocka_unit_test(test_weights_source),
+        cmocka_unit_test(test_hosts_link_bytes),
+        cmocka_unit_test(test_hosts_memory),
+        cmocka_unit_test(test_hosts_auto_state),
+        cmocka_unit_test(test_hosts_one_as_before),
+        cmocka_unit_test(test_hosts_qwen72b_described),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
