@@ -10,8 +10,10 @@
 # Needs .gpudeps/ as gpu_build.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
 # ONLY="name ..." runs just those runs; DEADLINE caps the call's seconds (runs that would not fit are
 # skipped, most important first); BASE_LAUNCH=path runs the 1.7B exact-mode job also with that
-# slidedp-launch (today's code, built from main) for comparison.
-. bench/gpu_build.sh
+# slidedp-launch (today's code, built from main) for comparison. With NO_BUILD=1 it expects the
+# caller to have sourced bench/gpu_build.sh already. The 8B exact-mode runs stream the master
+# (weights_source = master); what auto would choose on this host is logged from slidedp-plan.
+[ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 peer=$deps/torch_peer.py
 w=/tmp/issue19
 rm -rf "$w" && mkdir -p "$w"
@@ -125,7 +127,11 @@ peer_run() { # NAME SECONDS ARGS...
 bf16g="runtime.grad_dtype=bf16"
 # most important first: a run that would pass the deadline is skipped
 job qwen3-8b 5
-ours q8_8k_exact 110 "$build/slidedp-launch" $bf16g
+"$build/slidedp-plan" "$w/job.ini" $bf16g --json > "$out/q8_8k_auto.plan.json" 2>&1
+log "8B, 8k, exact, weights_source = auto: $(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
+print(p['plan']['weights_source'], p['host_memory']['total'] / p['job']['params'], 'B/param;', \
+p['host_memory']['weights_source']['reason'])" "$out/q8_8k_auto.plan.json" 2>&1)"
+ours q8_8k_exact 110 "$build/slidedp-launch" $bf16g runtime.weights_source=master
 ours q8_8k_bf16 100 "$build/slidedp-launch" $bf16g train.optimizer_state=bf16
 job qwen3-1.7b 6
 ours q17_8k_copy 45 "$build/slidedp-launch" runtime.weights_source=bf16_copy
@@ -133,10 +139,10 @@ ours q17_8k_copy 45 "$build/slidedp-launch" runtime.weights_source=bf16_copy
 ours q17_8k_master 45 "$build/slidedp-launch" runtime.weights_source=master
 ours q17_8k_bf16 45 "$build/slidedp-launch" train.optimizer_state=bf16
 job qwen3-8b 3
-ours q8_64k_exact 100 "$build/slidedp-launch" $bf16g train.grad_accum=8
+ours q8_64k_exact 100 "$build/slidedp-launch" $bf16g train.grad_accum=8 runtime.weights_source=master
 ours q8_64k_bf16 100 "$build/slidedp-launch" $bf16g train.grad_accum=8 train.optimizer_state=bf16
 job qwen3-8b 5
-ours q8_8k_exact_24g 100 "$build/slidedp-launch" $bf16g runtime.gpu_mem=24G
+ours q8_8k_exact_24g 100 "$build/slidedp-launch" $bf16g runtime.gpu_mem=24G runtime.weights_source=master
 peer_run fsdp2_offload_8b_8k 120 8b offload 4096 2 1 3
 python3 - "$out/issue19.results" <<'PY' | tee -a "$out/summary.log"
 import json, sys
