@@ -1,11 +1,16 @@
 # Sourced by the GPU-host scripts (bench/gpu_*.sh), from the repo root: builds with the carried
-# .debs (the host lacks libuv, CMocka, inih, cJSON, Oniguruma, utf8proc) and sets PATH, LD_LIBRARY_PATH, SD_BUILD and
+# .debs (the host lacks libuv, CMocka, inih, cJSON, Oniguruma, utf8proc, Open MPI) and sets PATH, LD_LIBRARY_PATH, SD_BUILD and
 # SD_SOURCE. Sets $build and $out; exits 1 when the build fails. Defines random_tokens and bench_job
 # for the scripts' jobs, and e2e_fixtures.
 # Prepare .gpudeps/ once where Debian's registry is reachable (it is git-ignored; carry it along):
 #   mkdir -p .gpudeps/extra, and copy the GPU host kit's build.sh and fetch-debs.sh (they come with the host) into .gpudeps/
 #   sh .gpudeps/fetch-debs.sh .gpudeps
 #   (cd .gpudeps && apt-get download libonig5 libonig-dev libutf8proc2 libutf8proc-dev)   # slidedp-data tokenize
+#   (cd .gpudeps && apt-get download libopenmpi-dev libopenmpi3 openmpi-common libpmix2 libpmix-dev libhwloc15 \
+#       libhwloc-dev libevent-core-2.1-7 libevent-pthreads-2.1-7 libevent-2.1-7 libevent-extra-2.1-7 \
+#       libevent-openssl-2.1-7 libevent-dev libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 \
+#       libnl-3-200 libnl-route-3-200 libnuma1 libmunge2 libltdl7 libxnvctrl0 libpciaccess0 libibverbs-dev \
+#       libnuma-dev libltdl-dev)   # Open MPI: slidedp-launch links it (several hosts)
 #   (cd .gpudeps/extra && apt-get download pkgconf pkgconf-bin libpkgconf3 libopenblas0-pthread \
 #       libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5)   # used only if the host lacks them
 #   mkdir -p .gpudeps/cudnn/include && cp /usr/local/cuda/include/cudnn*.h .gpudeps/cudnn/include/
