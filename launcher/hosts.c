@@ -84,10 +84,6 @@ int hosts_share_plan(const struct hosts *h, struct plan *plan)
         return 0;
     if (MPI_Bcast(plan, (int)sizeof *plan, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
         return sd_err("host %d: cannot receive host 0's plan", h->index);
-    plan->param_route = PARAMS_REPLICATED;
-    plan->grad_route = GRADS_CPU;
-    plan->accumulate_on_device = 0;
-    plan->weights_source = WEIGHTS_BF16_COPY; /* sharded hosts receive the others' chunks into params16 */
     return 0;
 }
 

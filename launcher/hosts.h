@@ -23,9 +23,9 @@ int hosts_detect(struct hosts *h);
 
 /* MPI_Init_thread (only with several hosts; later MPI calls come from one thread at a time). */
 int hosts_init(const struct hosts *h);
-/* Every host takes host 0's plan (the planner's timings may differ between hosts), and the routes
- * that several hosts need: gradients through host memory, one post per micro-step, parameters
- * replicated, read from the bf16 copy. */
+/* Every host takes host 0's plan (the planner's timings may differ between hosts). Planned for
+ * several hosts, it already has what they need (planner/search.c): gradients through host memory,
+ * one post per micro-step, parameters replicated, read from the bf16 copy. */
 int hosts_share_plan(const struct hosts *h, struct plan *plan);
 /* Fails on every host unless all hold the same job (job_hash: job.ini with overrides, config.json
  * and the plan's choices). */
