@@ -516,6 +516,13 @@ static void checkpoint_on_stop(struct sup *s)
         return; /* sharded, and another host's chunks of that step never came */
     if (s->nonfinite_step && committed >= s->nonfinite_step)
         return; /* updated during the backward with the non-finite gradients: not worth keeping */
+    if (committed > s->logged) {
+        /* a lost host never sent its marks of that step: a resume from it would miss its metrics */
+        fprintf(stderr, "slidedp-launch: step %u was never logged (a host's results are missing); the newest "
+                        "checkpoint is step-%u on disk\n",
+                committed, atomic_load(&h->ckpt_done_step));
+        return;
+    }
     fault_point("launcher_stop_checkpoint");
     if (!state_consistent(h, committed)) {
         fprintf(stderr, "slidedp-launch: step %u was partly applied when the job stopped; the newest consistent "
