@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/bf16.h"
 #include "common/err.h"
 #include "common/fsutil.h"
 #include "optimizer/adamw.h"
@@ -108,8 +109,10 @@ static double trimmed_mean(double *t, int n)
     return sum / (n - 2 * drop);
 }
 
-/* Work split over threads that start together: each copies or updates its slice. */
-enum { PAR_MEMCPY, PAR_ADAMW };
+/* Work split over threads that start together: each copies or updates its slice, with fp32 m and
+ * v (and the bf16 copy written), or with bf16 m and v as their optimizer runs them (bf16 gradients
+ * widened, stochastic rounding, no copy: the weights streamed from the master). */
+enum { PAR_MEMCPY, PAR_ADAMW, PAR_ADAMW_BF16 };
 struct par_job {
     int kind;
     int threads;
@@ -142,9 +145,9 @@ static void *par_thread(void *arg)
                             .grad_scale = 1.0f, .step = 3};
     pthread_barrier_wait(&j->barrier);
     j->start[pa->index] = now_s();
-    if (j->kind == PAR_MEMCPY)
+    if (j->kind == PAR_MEMCPY) {
         memcpy(j->b + off, j->a + off, n * sizeof(float));
-    else
+    } else if (j->kind == PAR_ADAMW) {
         for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
             size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
             adamw_update_to(j->isa, &st, j->a + i, j->b + i, j->c + i, j->d + i, stage, stage + STAGE_BLOCK,
@@ -152,6 +155,19 @@ static void *par_thread(void *arg)
             adamw_store_staged(j->a + i, j->b + i, j->c + i, j->p16 + i, stage, stage + STAGE_BLOCK,
                                stage + 2 * STAGE_BLOCK, stage16, k, sizeof(float));
         }
+    } else { /* m and v in the b area, the gradients in the c area, all bf16 */
+        uint16_t *m16 = (uint16_t *)j->b, *v16 = m16 + j->n, *g16 = (uint16_t *)j->c;
+        uint16_t *sm = (uint16_t *)(stage + STAGE_BLOCK), *sv = sm + STAGE_BLOCK;
+        float *g32 = stage + 2 * STAGE_BLOCK;
+        for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
+            size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
+            bf16_to_f32_n(g32, g16 + i, k);
+            st.round_key = adamw_round_key(1, (uint32_t)st.step, 0);
+            st.round_first = i;
+            adamw_update_bf16_to(j->isa, &st, j->a + i, m16 + i, v16 + i, g32, stage, sm, sv, stage16, k);
+            adamw_store_staged(j->a + i, m16 + i, v16 + i, NULL, stage, sm, sv, stage16, k, sizeof(uint16_t));
+        }
+    }
     j->end[pa->index] = now_s();
     free(stage);
     return NULL;
@@ -219,6 +235,7 @@ static int measure_memory(struct calib_host *h)
     j->isa = adamw_isa_detect();
     thread_points(h->ncpu, &h->memcpy_bw);
     thread_points(h->ncpu, &h->adamw_rate);
+    thread_points(h->ncpu, &h->adamw_bf16_rate);
     j->n = n; /* 64 MiB copied, 16M parameters updated */
     for (int i = 0; i < h->memcpy_bw.n; i++) {
         double t[3];
@@ -231,6 +248,10 @@ static int measure_memory(struct calib_host *h)
         for (int r = 0; r < 3; r++)
             t[r] = par_run(j);
         h->adamw_rate.value[i] = (double)n / median(t, 3);
+        j->kind = PAR_ADAMW_BF16;
+        for (int r = 0; r < 3; r++)
+            t[r] = par_run(j);
+        h->adamw_bf16_rate.value[i] = (double)n / median(t, 3);
     }
     free(j);
     free(buf);
@@ -599,6 +620,7 @@ static int save_host(const char *path, const char *hostname, const struct calib_
     cJSON_AddNumberToObject(o, "measured_unix", (double)time(NULL));
     cJSON_AddItemToObject(o, "memcpy_bw", curve_json(&h->memcpy_bw));
     cJSON_AddItemToObject(o, "adamw_rate", curve_json(&h->adamw_rate));
+    cJSON_AddItemToObject(o, "adamw_bf16_rate", curve_json(&h->adamw_bf16_rate));
     cJSON_AddNumberToObject(o, "wake_s", h->wake_s);
     cJSON *c = cJSON_AddObjectToObject(o, "cpu_backend");
     cJSON_AddNumberToObject(c, "gemm_flops", h->cpu.gemm_flops);
@@ -649,6 +671,7 @@ static bool load_host(const char *path, int ncpu, struct calib_host *h, cJSON **
     bool ok = num_field(o, "version", &version) && version == CALIB_VERSION && num_field(o, "ncpu", &n) && n >= 1 &&
               n <= MAX_THREADS && (ncpu == 0 || (int)n == ncpu) && curve_parse(cJSON_GetObjectItemCaseSensitive(o, "memcpy_bw"), &h->memcpy_bw) &&
               curve_parse(cJSON_GetObjectItemCaseSensitive(o, "adamw_rate"), &h->adamw_rate) &&
+              curve_parse(cJSON_GetObjectItemCaseSensitive(o, "adamw_bf16_rate"), &h->adamw_bf16_rate) &&
               num_field(o, "wake_s", &h->wake_s) && cJSON_IsObject(c) && num_field(c, "gemm_flops", &cpu->gemm_flops) &&
               cpu->gemm_flops > 0 && num_field(c, "gemm_elem_s", &cpu->gemm_elem_s) &&
               num_field(c, "attn_fwd_pair_dim_s", &cpu->attn_fwd_pair_dim_s) &&

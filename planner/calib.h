@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CALIB_VERSION 2
+#define CALIB_VERSION 3
 #define CALIB_MAX_POINTS 16
 #define CALIB_PATH_MAX 1100
 
@@ -55,6 +55,9 @@ struct calib_host {
     struct calib_curve memcpy_bw;  /* bytes/s copied by t threads together (large buffers) */
     struct calib_curve adamw_rate; /* parameters/s updated by t threads together, through a staging
                                     * block as optimizer/optim.c does (optimizer/adamw.h) */
+    struct calib_curve adamw_bf16_rate; /* the same with m and v in bf16 ([train] optimizer_state =
+                                         * bf16): bf16 gradients widened, stochastic rounding, no
+                                         * bf16 copy written */
     double wake_s;                 /* a futex wake across processes until the sleeper runs */
     struct calib_cpu cpu;
 };

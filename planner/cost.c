@@ -598,13 +598,18 @@ static double finish_step(struct sim *s)
 #define BF16_GRAD_SAVING 2.0 /* bytes per parameter less to read with a bf16 accumulator */
 #define BF16_STATE_SAVING 8.0 /* with bf16 m and v: 2 bytes less of each to read and to write */
 #define BF16_COPY_SAVING 2.0  /* workers streaming the master: no bf16 copy to write */
+/* Bytes per parameter of the bf16-state update as calibrated (calib.h adamw_bf16_rate): master, m,
+ * v and a bf16 gradient read, master, m and v written, no copy */
+#define BF16_STATE_CALIB_BYTES (UPDATE_BYTES - BF16_GRAD_SAVING - BF16_STATE_SAVING - BF16_COPY_SAVING)
 
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
 struct rates {
     double host_bw; /* host memory traffic, bytes/s (a copy moves each byte twice) */
     double h2d_fwd, h2d_bwd, d2h;
     double reduce_bw; /* per optimizer process, bytes of traffic/s */
-    double adamw;     /* per optimizer process, params/s */
+    double adamw;     /* per optimizer process, params/s, fp32 state (bound by host memory) */
+    double adamw16;   /* the same with bf16 state (its stochastic rounding can make it compute-bound) */
+    double update_bw; /* per optimizer process, bytes/s of host memory the fp32 update moves */
 };
 
 static struct rates rates_of(const struct cost_case *mc)
@@ -626,6 +631,8 @@ static struct rates rates_of(const struct cost_case *mc)
     int threads = p->optim_procs * p->optim_threads < cores ? p->optim_procs * p->optim_threads : cores;
     r.reduce_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, threads) / p->optim_procs;
     r.adamw = calib_curve_at(&cal->host.adamw_rate, threads) / p->optim_procs;
+    r.adamw16 = calib_curve_at(&cal->host.adamw_bf16_rate, threads) / p->optim_procs;
+    r.update_bw = UPDATE_BYTES * r.adamw;
     return r;
 }
 
@@ -652,8 +659,7 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         .sends = plan_one_post_per_rank(p, G) ? 1 : A,
         .bf16_grads = bf16_grads,
         .sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
-        /* m and v in bf16: 8 bytes less. The update is priced as bound by host memory (the
-         * calibrated AdamW rate, fp32 state, scaled by the bytes it moves). */
+        /* m and v in bf16: 8 bytes less (update_s) */
         .update_bytes = UPDATE_BYTES - (bf16_grads ? BF16_GRAD_SAVING : 0) -
                         (job->optimizer_state == OPTIM_STATE_BF16 ? BF16_STATE_SAVING : 0) -
                         (plan_streams_master(p) ? BF16_COPY_SAVING : 0),
@@ -695,6 +701,27 @@ static void sim_free(struct sim *s)
     free(s->update_pending);
 }
 
+/* Pieces a streamed master chunk of n weights is copied and rounded in (worker/cuda/backend_cuda.cu
+ * WEIGHT_STAGE_FLOATS). */
+static double master_pieces(int64_t n)
+{
+    const double stage = (double)(8 << 20);
+    return ceil((double)n / stage);
+}
+
+/* AdamW over `owned` parameters of a chunk whose next fill brings `fill_bytes` over each rank's host
+ * link. The update is bound by host memory (at the calibrated fp32 rate's bytes per second), and the
+ * G ranks' copies of the fill, which wait for this update and run during the next ones (the forward
+ * trails the optimizer), take that bandwidth from it; with bf16 state the calibrated rate, scaled
+ * to the bytes this job moves, is a floor (its rounding is compute). */
+static double update_s(const struct sim *s, const struct rates *rt, double owned, double fill_bytes)
+{
+    double memory = (owned * s->update_bytes + s->G * fill_bytes) / rt->update_bw;
+    if (s->mc->job->optimizer_state != OPTIM_STATE_BF16)
+        return memory;
+    return fmax(memory, owned / rt->adamw16 * s->update_bytes / BF16_STATE_CALIB_BYTES);
+}
+
 /* Each chunk's compute, transfers, reduction and update, and the step's totals of the compute and
  * device->host streams. */
 static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *rt, struct step_pred *out)
@@ -725,8 +752,12 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
             /* sharded: 1/G from the host while the rest comes from the peers */
             double host_part = sharded ? hbytes / G : hbytes;
             double peer = sharded ? wbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
-            s->fetch_fwd[c] = fmax(host_part / rt->h2d_fwd, peer);
-            s->fetch_bwd[c] = fmax(host_part / rt->h2d_bwd, peer);
+            /* the master rounded on the copy stream, piece by piece behind each piece's copy */
+            double rounding = plan_streams_master(p) ? elem_s(d, ELEM_CONVERT, (double)ch->numel / (sharded ? G : 1)) +
+                                                       (master_pieces(ch->numel) - 1) * cal->gpu.launch_s
+                                                     : 0;
+            s->fetch_fwd[c] = fmax(host_part / rt->h2d_fwd + rounding, peer);
+            s->fetch_bwd[c] = fmax(host_part / rt->h2d_bwd + rounding, peer);
             s->bytes_fwd[c] = s->bytes_bwd[c] = host_part;
             /* GPU-side reduction: a reduce-scatter over the peers each micro-step, then 1/G to the host */
             s->exchange[c] = gpu_grads ? gbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
@@ -738,7 +769,7 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
          * with the state sharded across hosts this host sums and updates its 1/H of the chunk */
         double owned = (double)ch->numel / SH;
         s->reduce[c] = owned * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / rt->reduce_bw / (gpu_grads ? G : 1);
-        s->update[c] = owned / rt->adamw * s->update_bytes / UPDATE_BYTES;
+        s->update[c] = update_s(s, rt, owned, s->bytes_fwd[c]);
         if (H > 1) {
             double posted = gpu_grads ? gbytes / G : gbytes; /* one rank's post of the chunk */
             /* replicated: every post to every other host; sharded: to each other host its part */

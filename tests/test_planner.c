@@ -25,6 +25,7 @@ static struct calib test_calib(void)
     c.host.ncpu = 8;
     c.host.memcpy_bw = (struct calib_curve){2, {1, 8}, {10e9, 40e9}};
     c.host.adamw_rate = (struct calib_curve){2, {1, 8}, {0.5e9, 2e9}};
+    c.host.adamw_bf16_rate = (struct calib_curve){2, {1, 8}, {0.4e9, 1.6e9}};
     c.host.wake_s = 10e-6;
     c.host.cpu.gemm_flops = 50e9;
     c.host.cpu.gemm_elem_s = 0.5e-9;
@@ -342,7 +343,7 @@ static void test_hosts_auto_state(void **state)
     assert_int_equal(p.host_state, replicated_wins ? HOST_STATE_REPLICATED : HOST_STATE_SHARDED);
     assert_true(info.host.total == info.host_states[p.host_state].host_bytes);
 
-    cal.mem_available = (sh->host_bytes + rep->host_bytes) / 2;
+    cal.mem_available = sh->host_bytes; /* less than any replicated plan: a host holds all the state */
     assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 2, &p, &info), 0);
     assert_int_equal(p.host_state, HOST_STATE_SHARDED);
     assert_true(info.host_fits && info.host.total <= cal.mem_available);
@@ -652,6 +653,7 @@ static void test_weights_source(void **state)
     struct calib cal = test_calib();
     cal.host.memcpy_bw = (struct calib_curve){2, {1, 8}, {400e9, 1600e9}};
     cal.host.adamw_rate = (struct calib_curve){2, {1, 8}, {50e9, 200e9}};
+    cal.host.adamw_bf16_rate = (struct calib_curve){2, {1, 8}, {40e9, 160e9}};
     struct plan p;
     struct plan_info info;
     assert_int_equal(plan_no_p2p(&job, &cfg, &cal, &p, &info), 0);
@@ -666,8 +668,8 @@ static void test_weights_source(void **state)
 
     /* where the optimizers bound the step, the master is not slower (and saves the copy); with
      * eight GPUs on the same host each pulls the master over its link, so the transfers' share of
-     * host memory traffic grows by eight times 2 bytes per parameter while the copy costs the
-     * optimizers 2 bytes once: the master's lead shrinks */
+     * host memory traffic, which the update shares, grows by eight times 2 bytes per parameter
+     * while the copy costs the optimizers 2 bytes once: the copy wins, and the planner says so */
     struct calib slow_host = test_calib();
     struct job_config shared = job_of(DEVICE_CUDA, 1, 4, 1024, 1);
     shared.weights_source = WEIGHTS_AUTO;
@@ -678,21 +680,23 @@ static void test_weights_source(void **state)
         lead[i] = info.sources[0].step_s / info.sources[1].step_s;
         printf("# %d GPU(s), slow host memory: %s, the copy's step %.3fx the master's (%s)\n", shared.gpus,
                plan_weights_source_name(p.weights_source), lead[i], info.source_reason);
-        assert_int_equal(p.weights_source, WEIGHTS_MASTER);
+        assert_int_equal(p.weights_source, i ? WEIGHTS_BF16_COPY : WEIGHTS_MASTER);
+        assert_non_null(strstr(info.source_reason, i ? "the bf16 copy is faster" : "the bf16 copy is not 3% faster"));
     }
-    assert_true(lead[1] < lead[0]);
-    /* the Qwen3-14B shape on four 80 GiB GPUs with P2P (8 micro-steps of one sequence) on a host
-     * whose memory and optimizers keep up: the links bound the step, so the copy's half of their
-     * bytes is faster, and the planner says so */
+    assert_true(lead[1] < 0.97 && lead[0] > 0.97);
+    /* the Qwen3-14B shape on four 80 GiB GPUs without P2P (one micro-step of one sequence) on a
+     * host whose memory and optimizers keep up: each GPU pulls every weight over its own link and
+     * the links bound the step, so the copy's half of their bytes is faster, and the planner says
+     * so (with P2P each pulls a quarter and the peer exchange, the same for both, bounds it) */
     struct model_config q14;
     assert_int_equal(model_config_load(tu_src("examples/qwen3-14b/config.json"), &q14), 0);
-    struct topology p2p = host_of("examples/topology-4gpu-p2p.ini", 4);
-    struct job_config four = job_of(DEVICE_CUDA, 4, 1, 4096, 8);
+    struct topology no_p2p = host_of("examples/topology-4gpu-no-p2p.ini", 4);
+    struct job_config four = job_of(DEVICE_CUDA, 4, 1, 4096, 1);
     four.weights_source = WEIGHTS_AUTO;
     four.gpu_mem = (int64_t)80 << 30;
     struct calib big_host = cal; /* the fast host above */
-    assert_int_equal(plan_choose(&four, &q14, &big_host, &p2p, 8, 1, &p, &info), 0);
-    printf("# 14B, 4 x 80 GiB with P2P: %s (%s)\n", plan_weights_source_name(p.weights_source), info.source_reason);
+    assert_int_equal(plan_choose(&four, &q14, &big_host, &no_p2p, 8, 1, &p, &info), 0);
+    printf("# 14B, 4 x 80 GiB without P2P: %s (%s)\n", plan_weights_source_name(p.weights_source), info.source_reason);
     assert_int_equal(p.weights_source, WEIGHTS_BF16_COPY);
     assert_non_null(strstr(info.source_reason, "the bf16 copy is faster"));
 
@@ -728,7 +732,8 @@ static void test_weights_source(void **state)
 
 /* One host is planned exactly as before several hosts were modelled: the choices and the bits of
  * the predictions the planner gave for these jobs before (commit 66bfcb8, the shared state's shape
- * of issue 20), host_state ignored. */
+ * of issue 20; the step times since the update shares host memory with the fills, issue 19),
+ * host_state ignored. */
 static void test_hosts_one_as_before(void **state)
 {
     struct model_config cfg = medium();
@@ -739,11 +744,11 @@ static void test_hosts_one_as_before(void **state)
         double step_s, optim_bytes, h2d_bytes, d2h_bytes;
         int64_t host_bytes, gpu_bytes;
     } cases[] = {
-        {DEVICE_CUDA, 1, 4, 1, 1.0, 3, 5, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.029795c04ce4ap-3, 0x1.83dccp+32,
+        {DEVICE_CUDA, 1, 4, 1, 1.0, 3, 5, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.1139bc512fdcap-3, 0x1.83dccp+32,
          0x1.6d0cp+28, 0x1.6d0cp+29, 3446067200, 3572482048},
-        {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.2078f36a469cap-3, 0x1.83dbbp+32,
+        {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.2f1b0fb810098p-3, 0x1.83dbbp+32,
          0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3885318144},
-        {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21e03bb74ab6ap+7, 0x1.22e4c4p+34,
+        {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21ef44a20e47cp+7, 0x1.22e4c4p+34,
          0x1.6d0bp+28, 0x1.11c84p+31, 10167043072, 2353828352},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -938,6 +943,7 @@ static void test_bottleneck(void **state)
     for (int i = 0; i < 2; i++) {
         cal.host.memcpy_bw.value[i] *= 10;
         cal.host.adamw_rate.value[i] *= 10;
+        cal.host.adamw_bf16_rate.value[i] *= 10;
     }
     job = job_of(DEVICE_CUDA, 1, 1, 512, 4);
     job.layers_per_chunk = 1;
