@@ -10,7 +10,7 @@
 # Needs .gpudeps/ as gpu_build.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
 # ONLY="name ..." runs just those runs; DEADLINE caps the call's seconds (runs that would not fit are
 # skipped, most important first); BASE_LAUNCH=path runs the 1.7B exact-mode job also with that
-# slidedp-launch (today's code, built from main) for comparison. With NO_BUILD=1 it expects the
+# slidedp-launch (today's code, built from main) for comparison; ROUNDS_17=N repeats the 1.7B runs. With NO_BUILD=1 it expects the
 # caller to have sourced bench/gpu_build.sh already. The 8B exact-mode runs stream the master
 # (weights_source = master); what auto would choose on this host is logged from slidedp-plan.
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
@@ -49,7 +49,7 @@ EOF
 }
 deadline=${DEADLINE:-570}
 left() { local l=$((deadline - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" ${1%_r[0-9]*} "* ]]; }
 descendants() { local p; for p in $(pgrep -P "$1"); do echo "$p"; descendants "$p"; done; }
 # host bytes now of the job under PID logging to LOG: its shm objects (named in the launcher's
 # "shared state" line) plus its processes' private and file-backed RSS (shm pages count once)
@@ -133,11 +133,16 @@ print(p['plan']['weights_source'], p['host_memory']['total'] / p['job']['params'
 p['host_memory']['weights_source']['reason'])" "$out/q8_8k_auto.plan.json" 2>&1)"
 ours q8_8k_exact 110 "$build/slidedp-launch" $bf16g runtime.weights_source=master
 ours q8_8k_bf16 100 "$build/slidedp-launch" $bf16g train.optimizer_state=bf16
-job qwen3-1.7b 6
-ours q17_8k_copy 45 "$build/slidedp-launch" runtime.weights_source=bf16_copy
-[ -n "${BASE_LAUNCH:-}" ] && ours q17_8k_main 45 "$BASE_LAUNCH"
-ours q17_8k_master 45 "$build/slidedp-launch" runtime.weights_source=master
-ours q17_8k_bf16 45 "$build/slidedp-launch" train.optimizer_state=bf16
+# 1.7B: steps within a few percent of each other, so 16 steps (medians of 14), and ROUNDS_17 rounds
+# of the runs interleaved (names _r2, _r3, ... after the first)
+job qwen3-1.7b 16
+for round in $(seq "${ROUNDS_17:-1}"); do
+    r=$([ "$round" -gt 1 ] && echo "_r$round")
+    ours q17_8k_copy$r 60 "$build/slidedp-launch" runtime.weights_source=bf16_copy
+    [ -n "${BASE_LAUNCH:-}" ] && ours q17_8k_main$r 60 "$BASE_LAUNCH"
+    ours q17_8k_master$r 60 "$build/slidedp-launch" runtime.weights_source=master
+    ours q17_8k_bf16$r 60 "$build/slidedp-launch" train.optimizer_state=bf16
+done
 job qwen3-8b 3
 ours q8_64k_exact 100 "$build/slidedp-launch" $bf16g train.grad_accum=8 runtime.weights_source=master
 ours q8_64k_bf16 100 "$build/slidedp-launch" $bf16g train.grad_accum=8 train.optimizer_state=bf16

@@ -598,9 +598,6 @@ static double finish_step(struct sim *s)
 #define BF16_GRAD_SAVING 2.0 /* bytes per parameter less to read with a bf16 accumulator */
 #define BF16_STATE_SAVING 8.0 /* with bf16 m and v: 2 bytes less of each to read and to write */
 #define BF16_COPY_SAVING 2.0  /* workers streaming the master: no bf16 copy to write */
-/* Bytes per parameter of the bf16-state update as calibrated (calib.h adamw_bf16_rate): master, m,
- * v and a bf16 gradient read, master, m and v written, no copy */
-#define BF16_STATE_CALIB_BYTES (UPDATE_BYTES - BF16_GRAD_SAVING - BF16_STATE_SAVING - BF16_COPY_SAVING)
 
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
 struct rates {
@@ -712,14 +709,15 @@ static double master_pieces(int64_t n)
 /* AdamW over `owned` parameters of a chunk whose next fill brings `fill_bytes` over each rank's host
  * link. The update is bound by host memory (at the calibrated fp32 rate's bytes per second), and the
  * G ranks' copies of the fill, which wait for this update and run during the next ones (the forward
- * trails the optimizer), take that bandwidth from it; with bf16 state the calibrated rate, scaled
- * to the bytes this job moves, is a floor (its rounding is compute). */
+ * trails the optimizer), take that bandwidth from it; with bf16 state the calibrated rate is a
+ * floor (its rounding is compute; calibrated with bf16 gradients to widen, the most work per
+ * parameter). */
 static double update_s(const struct sim *s, const struct rates *rt, double owned, double fill_bytes)
 {
     double memory = (owned * s->update_bytes + s->G * fill_bytes) / rt->update_bw;
     if (s->mc->job->optimizer_state != OPTIM_STATE_BF16)
         return memory;
-    return fmax(memory, owned / rt->adamw16 * s->update_bytes / BF16_STATE_CALIB_BYTES);
+    return fmax(memory, owned / rt->adamw16);
 }
 
 /* Each chunk's compute, transfers, reduction and update, and the step's totals of the compute and
