@@ -1,7 +1,7 @@
 #!/bin/bash
 # Lean host state on a GPU host, from the repo root: the Qwen3-8B shape (random init, seq 4096, bf16
 # gradients, clipping) at 8k and 64k tokens per step in exact mode (fp32 optimizer state, the weights
-# source the planner picks: the streamed master where the bf16 copy does not fit) and in bf16-state
+# source the planner picks: the streamed master where the bf16 copy does not fit; and the copy) and in bf16-state
 # mode, once in gpu_mem = 24G; the FSDP2 offload peer at 8B; Qwen3-1.7B at 8k with
 # weights_source = bf16_copy and = master, and with bf16 state.
 # Per run: exit status, median step time, the planner's prediction, the weights source, peak host
@@ -132,6 +132,7 @@ log "8B, 8k, exact, weights_source = auto: $(python3 -c "import json,sys; p=json
 print(p['plan']['weights_source'], p['host_memory']['total'] / p['job']['params'], 'B/param;', \
 p['host_memory']['weights_source']['reason'])" "$out/q8_8k_auto.plan.json" 2>&1)"
 ours q8_8k_exact 110 "$build/slidedp-launch" $bf16g runtime.weights_source=master
+ours q8_8k_copy 110 "$build/slidedp-launch" $bf16g runtime.weights_source=bf16_copy
 ours q8_8k_bf16 100 "$build/slidedp-launch" $bf16g train.optimizer_state=bf16
 # 1.7B: steps within a few percent of each other, so 16 steps (medians of 14), and ROUNDS_17 rounds
 # of the runs interleaved (names _r2, _r3, ... after the first)
