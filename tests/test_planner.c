@@ -149,6 +149,43 @@ static struct plan hand_plan(int lpc, int buffers, int slots, int procs, int mod
     return p;
 }
 
+/* The update as host memory bounds it (planner/cost.c update_s), on the tiny model with every chunk
+ * resident, one optimizer process of one thread (test_calib: fp32 AdamW 0.5 G params/s, so 15 GB/s
+ * at its 30 bytes per parameter; bf16 state 0.4 G params/s). Each update carries the G ranks' next
+ * fill of its chunk: the bf16 copy's 2 bytes per parameter, or the master's 4, which no longer has
+ * the copy's 2 bytes to write. So on one GPU both sources cost the optimizer the same bytes, on two
+ * the master costs 2 more per parameter; and bf16 state is never faster than its calibrated rate. */
+static void test_update_shares_host_memory(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct layout lay;
+    const double update_bw = 30 * 0.5e9;
+    for (int G = 1; G <= 2; G++) {
+        struct job_config job = job_of(DEVICE_CUDA, G, 2, 8, 1);
+        struct step_pred copy, master, master16;
+        struct plan p = hand_plan(1, 6, 4, 1, UPDATE_AFTER_BACKWARD);
+        price_plan(&cfg, &job, &p, &lay, &copy, NULL, NULL);
+        layout_free(&lay);
+        p.weights_source = WEIGHTS_MASTER;
+        price_plan(&cfg, &job, &p, &lay, &master, NULL, NULL);
+        layout_free(&lay);
+        job.optimizer_state = OPTIM_STATE_BF16;
+        price_plan(&cfg, &job, &p, &lay, &master16, NULL, NULL);
+        double N = (double)lay.total_numel;
+        layout_free(&lay);
+        double want_master = copy.optim_s + (28.0 + 4 * G - (30.0 + 2 * G)) * N / update_bw;
+        /* bf16 state: 20 bytes per parameter and the fill, at most 1.9 ns per parameter of host
+         * memory, under the calibrated 2.5 ns */
+        double want_master16 = master.optim_s - (28.0 + 4 * G) * N / update_bw + N / 0.4e9;
+        printf("# %d GPU(s): optimizer %.6f ms with the copy, %.6f streaming the master (expect %.6f), %.6f in bf16 "
+               "state (expect %.6f)\n",
+               G, copy.optim_s * 1e3, master.optim_s * 1e3, want_master * 1e3, master16.optim_s * 1e3,
+               want_master16 * 1e3);
+        assert_true(fabs(master.optim_s - want_master) < 1e-9 * copy.optim_s);
+        assert_true(fabs(master16.optim_s - want_master16) < 1e-9 * copy.optim_s);
+    }
+}
+
 static void test_bytes_per_pass(void **state)
 {
     struct model_config cfg = tiny(4);
@@ -1122,6 +1159,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layer_flops),
         cmocka_unit_test(test_bytes_per_pass),
+        cmocka_unit_test(test_update_shares_host_memory),
         cmocka_unit_test(test_memory_footprint),
         cmocka_unit_test(test_recompute_as_memory_shrinks),
         cmocka_unit_test(test_update_overlaps_next_forward),
