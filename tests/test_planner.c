@@ -182,6 +182,11 @@ static void test_update_shares_host_memory(void **state)
                G, copy.optim_s * 1e3, master.optim_s * 1e3, want_master * 1e3, master16.optim_s * 1e3,
                want_master16 * 1e3);
         assert_true(fabs(master.optim_s - want_master) < 1e-9 * copy.optim_s);
+        /* the master's fills: twice the copy's bytes, then each chunk rounded on the device (one
+         * 32 MiB piece each here: its 6 bytes per weight over the device memory and a launch) */
+        struct calib gpu = test_calib();
+        double rounding = 6 * N / gpu.gpu.mem_bw + 6 * gpu.gpu.launch_s;
+        assert_true(fabs(master.h2d_s - (2 * copy.h2d_s + rounding)) < 1e-9 * master.h2d_s);
         assert_true(fabs(master16.optim_s - want_master16) < 1e-9 * copy.optim_s);
     }
 }
