@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "shm/ctl.h"
+#include "worker/backend.h"
 #include "worker/chunk_cache.h"
 
 /* ---- per-op costs ---- */
@@ -242,8 +243,8 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
     int64_t attn_scratch = 2 * N * q * 4 + N * cfg->num_heads * 4 + ((int64_t)1 << 20);
     int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;
     out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)64 << 20) + al(op_scratch, a);
-    if (!cpu && plan_streams_master(mc->plan)) /* the streamed master's fp32 staging (32 MiB) */
-        out->workspace += (int64_t)32 << 20;
+    if (!cpu && plan_streams_master(mc->plan)) /* the streamed master's fp32 staging */
+        out->workspace += (int64_t)(BE_MASTER_STAGE_FLOATS * sizeof(float));
     int G = job->gpus;
     /* the exchange window (worker/pipeline_exchange.c) and, for GPU-side gradients, the shard sums */
     if (plan_uses_exchange(mc->plan, G)) {
@@ -698,12 +699,10 @@ static void sim_free(struct sim *s)
     free(s->update_pending);
 }
 
-/* Pieces a streamed master chunk of n weights is copied and rounded in (worker/cuda/backend_cuda.cu
- * WEIGHT_STAGE_FLOATS). */
-static double master_pieces(int64_t n)
+/* Pieces n weights of a streamed master are copied and rounded in (worker/backend.h). */
+static double master_pieces(double n)
 {
-    const double stage = (double)(8 << 20);
-    return ceil((double)n / stage);
+    return ceil(n / (double)BE_MASTER_STAGE_FLOATS);
 }
 
 /* AdamW over `owned` parameters of a chunk whose next fill brings `fill_bytes` over each rank's host
@@ -751,8 +750,9 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
             double host_part = sharded ? hbytes / G : hbytes;
             double peer = sharded ? wbytes * (G - 1) / G / cal->gpu.p2p_bw : 0;
             /* the master rounded on the copy stream, piece by piece behind each piece's copy */
-            double rounding = plan_streams_master(p) ? elem_s(d, ELEM_CONVERT, (double)ch->numel / (sharded ? G : 1)) +
-                                                       (master_pieces(ch->numel) - 1) * cal->gpu.launch_s
+            double from_host = (double)ch->numel / (sharded ? G : 1);
+            double rounding = plan_streams_master(p) ? elem_s(d, ELEM_CONVERT, from_host) +
+                                                       (master_pieces(from_host) - 1) * cal->gpu.launch_s
                                                      : 0;
             s->fetch_fwd[c] = fmax(host_part / rt->h2d_fwd + rounding, peer);
             s->fetch_bwd[c] = fmax(host_part / rt->h2d_bwd + rounding, peer);

@@ -32,6 +32,9 @@ struct backend;
 
 /* Transfer slots: a small set of independent async copies (e.g. one per chunk ring buffer). */
 #define BE_MAX_XFER_SLOTS 1024
+/* A streamed master's fp32 weights cross in pieces of this many through one device staging buffer
+ * (32 MiB), each rounded to bf16 behind its copy (fetch_weights_f32_async; priced by the planner). */
+#define BE_MASTER_STAGE_FLOATS ((size_t)8 << 20)
 
 struct backend_ops {
     const char *name;

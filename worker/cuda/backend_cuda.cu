@@ -7,7 +7,6 @@
 
 #define STAGE_FLOATS ((size_t)4 << 20) /* 16 MiB of fp32 staging for conversions */
 #define GRAD_STAGE_ELEMS ((size_t)8 << 20) /* 16 MiB of bf16 staging for gradients sent in bf16 */
-#define WEIGHT_STAGE_FLOATS ((size_t)8 << 20) /* 32 MiB of fp32 staging for streamed master weights */
 #define LT_WORKSPACE ((size_t)32 << 20)
 
 /* ---- memory: every byte is counted against the budget ---- */
@@ -178,7 +177,7 @@ static void cu_fetch_weights_f32_async(struct backend *be, int slot, void *dst, 
     struct cuda_ctx *cx = cuda_ctx_of(be);
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
     if (!cx->weight_stage) {
-        cx->weight_stage = (float *)budget_alloc(cx, WEIGHT_STAGE_FLOATS * sizeof(float), "weight staging");
+        cx->weight_stage = (float *)budget_alloc(cx, BE_MASTER_STAGE_FLOATS * sizeof(float), "weight staging");
         if (!cx->weight_stage) {
             fprintf(stderr, "%s\n", sd_errmsg());
             abort();
@@ -186,8 +185,8 @@ static void cu_fetch_weights_f32_async(struct backend *be, int slot, void *dst, 
     }
     CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
     CUDA_CHECK(cudaStreamWaitEvent(cx->h2d, cx->compute_mark, 0));
-    for (size_t i = 0; i < n; i += WEIGHT_STAGE_FLOATS) {
-        size_t m = n - i < WEIGHT_STAGE_FLOATS ? n - i : WEIGHT_STAGE_FLOATS;
+    for (size_t i = 0; i < n; i += BE_MASTER_STAGE_FLOATS) {
+        size_t m = n - i < BE_MASTER_STAGE_FLOATS ? n - i : BE_MASTER_STAGE_FLOATS;
         CUDA_CHECK(cudaMemcpyAsync(cx->weight_stage, src_host + i, m * sizeof(float), cudaMemcpyHostToDevice, cx->h2d));
         cuda_round_weights_bf16(cx->h2d, (bf16 *)dst + i, cx->weight_stage, m);
     }
