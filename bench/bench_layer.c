@@ -1,9 +1,11 @@
-/* Times one Qwen3-1.7B decoder layer, forward + backward, through worker/model.c on the CUDA
- * backend (hidden 2048, intermediate 6144, 16 heads, 8 kv heads, head_dim 128, qk_norm, B=2,
- * T=4096). Runs a 1-layer and a 2-layer model with a tiny vocabulary, weights resident and
+/* Times one Qwen3 decoder layer, forward + backward, through worker/model.c on the CUDA backend:
+ * the Qwen3-1.7B shape (hidden 2048, intermediate 6144, 16 heads) or, with argument `8b`, the
+ * Qwen3-8B one (hidden 4096, intermediate 12288, 32 heads); 8 kv heads, head_dim 128, qk_norm,
+ * B=2, T=4096. Runs a 1-layer and a 2-layer model with a tiny vocabulary, weights resident and
  * gradients left on the device, and reports the difference as the layer's time, so embedding,
- * head and loss drop out. Not a test; built when CUDA is. */
+ * head and loss drop out. Not a test; built when CUDA is. usage: bench_layer [1.7b|8b] */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +35,9 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static struct model_config qwen3_1p7b(int layers)
+static bool eight_b; /* the Qwen3-8B layer shape instead of 1.7B's */
+
+static struct model_config qwen3_shape(int layers)
 {
     struct model_config c;
     memset(&c, 0, sizeof c);
@@ -42,10 +46,10 @@ static struct model_config qwen3_1p7b(int layers)
     snprintf(c.architecture, sizeof c.architecture, "Qwen3ForCausalLM");
     snprintf(c.torch_dtype, sizeof c.torch_dtype, "bfloat16");
     c.vocab_size = 256;
-    c.hidden_size = 2048;
-    c.intermediate_size = 6144;
+    c.hidden_size = eight_b ? 4096 : 2048;
+    c.intermediate_size = eight_b ? 12288 : 6144;
     c.num_layers = layers;
-    c.num_heads = 16;
+    c.num_heads = eight_b ? 32 : 16;
     c.num_kv_heads = 8;
     c.head_dim = 128;
     c.max_position_embeddings = 40960;
@@ -60,7 +64,7 @@ static struct model_config qwen3_1p7b(int layers)
 /* Median ms of one train step of a model with `layers` layers; -1 on error. */
 static double time_model(struct backend *be, int layers)
 {
-    struct model_config cfg = qwen3_1p7b(layers);
+    struct model_config cfg = qwen3_shape(layers);
     struct layout lay;
     if (layout_build(&cfg, 1, &lay) != 0)
         return -1;
@@ -114,23 +118,30 @@ static double time_model(struct backend *be, int layers)
     return isfinite(mean_loss) ? ms[REPS / 2] : -1;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    eight_b = argc > 1 && !strcmp(argv[1], "8b");
+    if (argc > 1 && !eight_b && strcmp(argv[1], "1.7b")) {
+        fprintf(stderr, "usage: bench_layer [1.7b|8b]\n");
+        return 2;
+    }
     struct backend be;
     if (backend_cuda_init(&be, 0, 0) != 0) {
         fprintf(stderr, "bench_layer: %s\n", sd_errmsg());
         return 1;
     }
-    printf("device %s, Qwen3-1.7B layer, B=%d T=%d\n", be.device_name, B, T);
+    printf("device %s, Qwen3-%s layer, B=%d T=%d\n", be.device_name, eight_b ? "8B" : "1.7B", B, T);
     double t1 = time_model(&be, 1), t2 = time_model(&be, 2);
     backend_cuda_free(&be);
     if (t1 < 0 || t2 < 0) {
         fprintf(stderr, "bench_layer: %s\n", sd_errmsg());
         return 1;
     }
-    double layer = t2 - t1, N = (double)B * T, C = 2048, I = 6144, qd = 16 * 128, kvd = 8 * 128;
+    struct model_config cfg = qwen3_shape(1);
+    double layer = t2 - t1, N = (double)B * T, C = cfg.hidden_size, I = cfg.intermediate_size;
+    double qd = (double)cfg.num_heads * cfg.head_dim, kvd = (double)cfg.num_kv_heads * cfg.head_dim;
     double params = C * qd + 2 * C * kvd + qd * C + 3 * C * I;
-    double att = 3.5 * 4.0 * B * 16 * (double)T * T * 128 / 2.0;
+    double att = 3.5 * 4.0 * B * cfg.num_heads * (double)T * T * cfg.head_dim / 2.0;
     double flops = 6.0 * N * params + att;
     printf("decoder layer fwd+bwd: %.3f ms (2-layer minus 1-layer step), %.1f TFLOP/s (matmuls 6*N*P + attention)\n",
            layer, flops / layer * 1e-9);
