@@ -159,10 +159,10 @@ static void *par_thread(void *arg)
         uint16_t *m16 = (uint16_t *)j->b, *v16 = m16 + j->n, *g16 = (uint16_t *)j->c;
         uint16_t *sm = (uint16_t *)(stage + STAGE_BLOCK), *sv = sm + STAGE_BLOCK;
         float *g32 = stage + 2 * STAGE_BLOCK;
+        st.round_key = adamw_round_key(1, (uint32_t)st.step, 0);
         for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
             size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
             bf16_to_f32_n(g32, g16 + i, k);
-            st.round_key = adamw_round_key(1, (uint32_t)st.step, 0);
             st.round_first = i;
             adamw_update_bf16_to(j->isa, &st, j->a + i, m16 + i, v16 + i, g32, stage, sm, sv, stage16, k);
             adamw_store_staged(j->a + i, m16 + i, v16 + i, NULL, stage, sm, sv, stage16, k, sizeof(uint16_t));

@@ -605,9 +605,9 @@ struct rates {
     double host_bw; /* host memory traffic, bytes/s (a copy moves each byte twice) */
     double h2d_fwd, h2d_bwd, d2h;
     double reduce_bw; /* per optimizer process, bytes of traffic/s */
-    double adamw;     /* per optimizer process, params/s, fp32 state (bound by host memory) */
-    double adamw16;   /* the same with bf16 state (its stochastic rounding can make it compute-bound) */
-    double update_bw; /* per optimizer process, bytes/s of host memory the fp32 update moves */
+    double update_bw; /* per optimizer process, bytes/s of host memory the fp32-state AdamW moves */
+    double adamw16;   /* per optimizer process, params/s with bf16 state (its stochastic rounding can
+                       * make it compute-bound) */
 };
 
 static struct rates rates_of(const struct cost_case *mc)
@@ -628,9 +628,8 @@ static struct rates rates_of(const struct cost_case *mc)
     int cores = mc->host_cpus - G > 1 ? mc->host_cpus - G : 1;
     int threads = p->optim_procs * p->optim_threads < cores ? p->optim_procs * p->optim_threads : cores;
     r.reduce_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, threads) / p->optim_procs;
-    r.adamw = calib_curve_at(&cal->host.adamw_rate, threads) / p->optim_procs;
+    r.update_bw = UPDATE_BYTES * calib_curve_at(&cal->host.adamw_rate, threads) / p->optim_procs;
     r.adamw16 = calib_curve_at(&cal->host.adamw_bf16_rate, threads) / p->optim_procs;
-    r.update_bw = UPDATE_BYTES * r.adamw;
     return r;
 }
 

@@ -697,7 +697,7 @@ static int source_candidates(const struct job_config *job, int hosts, int *out)
  * over its link. So: the copy when it fits the host's memory and is faster by more than the model's
  * error (COPY_MIN_GAIN); the master when the copy does not fit, or is not clearly faster: the host
  * memory it leaves free is certain, a gain within the model's error is not (docs/performance.md §8:
- * on Qwen3-8B the copy was predicted 0.9% faster and measured 2% slower). */
+ * on Qwen3-8B the copy was predicted 0.7% faster and measured 4-10% slower). */
 #define COPY_MIN_GAIN 0.03
 static int choose_source(const struct source_search *per, int n, const struct job_config *job, int hosts, char *why,
                          size_t len)
