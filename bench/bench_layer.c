@@ -107,8 +107,8 @@ static double time_model(struct backend *be, int layers, int vocab, struct varia
     uint8_t keep[2] = {1, !v.recompute_last};
     if (logits_rows > 0 || v.recompute_last) { /* the model again, with the plan's logits chunk or recomputation */
         model_free(&rm.model);
-        if (model_init(&rm.model, be, &rm.cfg, rm.lay.tensors, rm.lay.num_tensors, rm.lay.chunks, rm.lay.num_chunks, B, T,
-                       keep + 2 - layers, logits_rows) != 0) {
+        if (model_init(&rm.model, be, &rm.cfg, rm.lay.tensors, rm.lay.num_tensors, rm.lay.chunks, rm.lay.num_chunks,
+                       B, T, keep + 2 - layers, logits_rows) != 0) {
             resident_model_free(&rm);
             return -1;
         }
@@ -130,7 +130,8 @@ static double time_model(struct backend *be, int layers, int vocab, struct varia
     for (int r = -3; r < REPS; r++) {
         be->ops->synchronize(be);
         double t0 = now_ms();
-        model_train_micro(&rm.model, &rm.io, tokens, targets, scale, loss, NULL, !v.accumulate || r == -3, !v.accumulate);
+        bool first = !v.accumulate || r == -3, last = !v.accumulate; /* accumulating: middle micro-steps */
+        model_train_micro(&rm.model, &rm.io, tokens, targets, scale, loss, NULL, first, last);
         be->ops->synchronize(be);
         if (r >= 0)
             ms[r] = now_ms() - t0;

@@ -1,18 +1,19 @@
 #!/bin/bash
 # Lean host state on a GPU host, from the repo root: the Qwen3-8B shape (random init, seq 4096, bf16
-# gradients, clipping) at 8k and 64k tokens per step in exact mode (fp32 optimizer state, the weights
-# source the planner picks: the streamed master where the bf16 copy does not fit; and the copy) and in bf16-state
-# mode, once in gpu_mem = 24G; the FSDP2 offload peer at 8B; Qwen3-1.7B at 8k with
-# weights_source = bf16_copy and = master, and with bf16 state.
+# gradients, clipping) at 8k and 64k tokens per step in exact mode (fp32 optimizer state, streaming
+# the master, and at 8k also the bf16 copy) and in bf16-state mode, once in gpu_mem = 24G; the
+# FSDP2 offload peer at 8B; Qwen3-1.7B at 8k with weights_source = bf16_copy and = master, and
+# with bf16 state.
 # Per run: exit status, median step time, the planner's prediction, the weights source, peak host
 # memory (the job's /dev/shm objects plus its processes' private RSS, sampled every 0.5 s), peak GPU
 # memory (nvidia-smi, the whole process), and host bytes per parameter. Prints one table; logs in $OUT.
 # Needs .gpudeps/ as gpu_build.sh's header says, plus .gpudeps/torch_peer.py (a copy of the peer).
 # ONLY="name ..." runs just those runs; DEADLINE caps the call's seconds (runs that would not fit are
 # skipped, most important first); BASE_LAUNCH=path runs the 1.7B exact-mode job also with that
-# slidedp-launch (today's code, built from main) for comparison; ROUNDS_17=N repeats the 1.7B runs. With NO_BUILD=1 it expects the
-# caller to have sourced bench/gpu_build.sh already. The 8B exact-mode runs stream the master
-# (weights_source = master); what auto would choose on this host is logged from slidedp-plan.
+# slidedp-launch (older code to compare with, e.g. built from 82a625b, before weights_source);
+# ROUNDS_17=N repeats the 1.7B runs. With NO_BUILD=1 it expects the caller to have sourced
+# bench/gpu_build.sh already. What auto would choose for the 8B exact-mode job on this host is
+# logged from slidedp-plan.
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 peer=$deps/torch_peer.py
 w=/tmp/issue19
