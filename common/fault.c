@@ -13,6 +13,7 @@
  * a relaunch) act on, or right before one that must follow the state it leaves. */
 const char *const fault_points[] = {
     /* launcher */
+    "launcher_state_checked",   /* owner lock held, a leftover state judged; nothing created or adopted */
     "launcher_regions_created", /* objects exist, header not written */
     "launcher_init_block",      /* header published, weights partly drawn or loaded */
     "launcher_logged",          /* metrics_step stored, the due checkpoint not yet written */

@@ -518,9 +518,9 @@ static void checkpoint_on_stop(struct sup *s)
         return; /* updated during the backward with the non-finite gradients: not worth keeping */
     if (committed > s->logged) {
         /* a lost host never sent its marks of that step: a resume from it would miss its metrics */
-        fprintf(stderr, "slidedp-launch: step %u was never logged (a host's results are missing); the newest "
-                        "checkpoint is step-%u on disk\n",
-                committed, atomic_load(&h->ckpt_done_step));
+        fprintf(stderr, "slidedp-launch: step %u was never logged (%s); the newest checkpoint is step-%u on disk\n",
+                committed, s->relay ? "a host's results are missing" : "a worker's results are missing",
+                atomic_load(&h->ckpt_done_step));
         return;
     }
     fault_point("launcher_stop_checkpoint");
@@ -825,17 +825,20 @@ static void on_signal(uv_signal_t *sig, int signum)
 
 static int spawn_child(struct sup *s, struct child *c)
 {
-    char file[PATH_MAX + 32], a1[32], a2[32];
+    char file[PATH_MAX + 32], a1[32], a2[32], launcher[32];
     const char *prog = c->kind == PROC_WORKER ? "slidedp-worker" : "slidedp-optim";
     snprintf(file, sizeof file, "%s/%s", s->bin_dir, prog);
     snprintf(a1, sizeof a1, "%d", c->index);
     int local_index = c->kind == PROC_WORKER ? c->index - ctl_local_first(s->h) : c->index;
     snprintf(a2, sizeof a2, "%d", s->gpu_count > 0 ? local_index % s->gpu_count : 0);
-    char *args[10];
+    snprintf(launcher, sizeof launcher, "%d", (int)getpid());
+    char *args[12];
     int n = 0;
     args[n++] = file;
     args[n++] = "--job";
     args[n++] = s->h->job_name;
+    args[n++] = "--launcher";
+    args[n++] = launcher;
     args[n++] = c->kind == PROC_WORKER ? "--rank" : "--index";
     args[n++] = a1;
     if (c->kind == PROC_WORKER) {
@@ -846,6 +849,9 @@ static int spawn_child(struct sup *s, struct child *c)
     uv_stdio_container_t stdio[3] = {{.flags = UV_IGNORE}, {.flags = UV_INHERIT_FD, .data.fd = 1},
                                      {.flags = UV_INHERIT_FD, .data.fd = 2}};
     uv_process_options_t opts = {
+        /* a session of its own (setsid): what is sent to the launcher's process group, a terminal's
+         * Ctrl-C above all, reaches the launcher alone, which turns it into a clean stop */
+        .flags = UV_PROCESS_DETACHED,
         .exit_cb = on_child_exit,
         .file = file,
         .args = args,
@@ -994,6 +1000,7 @@ int launch_run(const struct launch_opts *opts)
                "to train. To train again from the start: checkpoint.resume=never (replaces final/ and "
                "metrics.jsonl) or remove %s; to train longer: raise train.steps\n",
                job->ckpt_dir, job->steps, job->ckpt_dir);
+        state_unlock(&s->st);
         return 0;
     }
     char warning[512];

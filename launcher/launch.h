@@ -29,6 +29,8 @@ struct job_state {
     bool adopted;       /* the state was left by a launcher that died; we continue it */
     uint32_t resumed_step; /* the disk checkpoint the state was loaded from (0: none) */
     bool finished;         /* checkpoint.dir holds the last step and final/: nothing was created */
+    bool locked;           /* we hold the job's owner lock (owner.c), lock_fd */
+    int lock_fd;
     uint64_t job_hash;
     struct ctl_shape shape; /* the shared state's shape (ctl_shape_of) */
 };
@@ -46,6 +48,15 @@ uint64_t proc_start_ticks(int pid);
  * recorded there and our --job on its command line: never another process that reused the pid),
  * and frees what they held (adoption). */
 void state_replace_orphans(struct job_state *st);
+
+/* The job's owner lock (owner.c): taken before its shared state is created, adopted or removed, and
+ * held for as long as that state is ours. Waits at most wait_ms for a holder to let go; -1 (with the
+ * reason, naming the holder's pid) when it does not. */
+int owner_lock(const char *job_name, int wait_ms, int *fd);
+/* Removes the lock file and lets go of it. */
+void owner_unlock(const char *job_name, int fd);
+/* Lets go of st's owner lock, if held (at the launcher's end, or when it gave up before running). */
+void state_unlock(struct job_state *st);
 
 /* Before anything is created (preflight.c): log.dir and checkpoint.dir exist as writable
  * directories or can be created; a warning when the disk lacks space for the checkpoints and the

@@ -34,14 +34,12 @@ static int clean_job(const char *ini, int n, char **overrides)
         return 2;
     }
     ctl_host_job_name(job.log_dir, hosts.count, hosts.index, name, sizeof name);
-    struct job_shm shm;
-    if (job_shm_attach(&shm, name, JOB_MAP_CTL, true) == 0) {
-        int pid = atomic_load(&shm.ctl->launcher_pid);
-        job_shm_detach(&shm);
-        if (pid > 0 && kill(pid, 0) == 0) {
-            fprintf(stderr, "slidedp-launch: job %s is running under pid %d; not removing its state\n", name, pid);
-            return 2;
-        }
+    /* a live launcher holds the lock (a pid stored in the state may be reused, or of another PID
+     * namespace) */
+    int lock_fd;
+    if (owner_lock(name, 0, &lock_fd) != 0) {
+        fprintf(stderr, "slidedp-launch: %s; not removing its state\n", sd_errmsg());
+        return 2;
     }
     const char *what[] = {"ctl", "params16", "master", "grads"};
     int removed = 0;
@@ -52,6 +50,7 @@ static int clean_job(const char *ini, int n, char **overrides)
             removed++;
         }
     }
+    owner_unlock(name, lock_fd);
     if (removed == 0)
         printf("job %s (log.dir %s) has no shared state in /dev/shm: nothing to remove\n", name, job.log_dir);
     else

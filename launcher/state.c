@@ -22,6 +22,7 @@
 #include "planner/search.h"
 #include "shm/futex.h"
 
+#define STOPPING_WAIT_MS 30000 /* several hosts: how long a relaunch waits for the run before to stop */
 #define INIT_BLOCK ((int64_t)1 << 20) /* elements per independently seeded block of random init */
 
 static uint64_t hash_str(const char *s)
@@ -166,12 +167,11 @@ static void unlink_data_regions(const char *job_name)
     }
 }
 
-/* Looks for the objects of the same job: 0 when there are none (or only a state whose launcher died
- * before its weights were in place: nothing was trained, so it is removed), 1 when a dead launcher
- * left an initialised state of this very configuration behind (to be adopted), -1 (with the
- * reason) when a live job holds them, they belong to another configuration, or are not ours. */
-#define STOPPING_WAIT_MS 30000
-
+/* Looks for the objects of the same job, under its owner lock (so no live launcher has them): 0 when
+ * there are none (or only a state whose launcher died before its weights were in place: nothing was
+ * trained, so it is removed), 1 when a dead launcher left an initialised state of this very
+ * configuration behind (to be adopted), -1 (with the reason) when they belong to another
+ * configuration or are not ours. */
 static int check_existing_state(const struct job_state *st)
 {
     char name[REGION_NAME_MAX];
@@ -196,12 +196,6 @@ static int check_existing_state(const struct job_state *st)
         unfinished = true; /* created, the header never written */
     }
     shm_region_detach(&r);
-    /* several hosts: a launcher of the run before (another host was lost) may still be stopping */
-    for (int waited = 0; st->hosts.count > 1 && pid > 0 && kill(pid, 0) == 0 && waited < STOPPING_WAIT_MS; waited += 10)
-        usleep(10000);
-    if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM))
-        return sd_err("job %s (log.dir %s) is already running under launcher pid %d", st->job_name, st->job.log_dir,
-                      pid);
     if (!unfinished && st->hosts.count > 1) {
         /* the other hosts went on without it: training continues from the newest checkpoint */
         printf("slidedp: host %d: removing the shared state a dead launcher left (several hosts resume from "
@@ -483,7 +477,7 @@ static bool job_is_finished(const struct job_state *st)
     return st->resumed_step == (uint32_t)st->job.steps && fs_exists(final);
 }
 
-int state_create(struct job_state *st)
+static int create_or_adopt(struct job_state *st)
 {
     struct job_config *job = &st->job;
     snprintf(st->config_json, sizeof st->config_json, "%s/config.json", job->model_path);
@@ -529,7 +523,13 @@ int state_create(struct job_state *st)
         hf_weights_close(&weights);
         return -1;
     }
-    int existing = rc == 0 ? check_existing_state(st) : -1;
+    /* several hosts: a launcher of the run before (another host was lost) may still be stopping */
+    int existing = -1;
+    if (rc == 0 && owner_lock(st->job_name, st->hosts.count > 1 ? STOPPING_WAIT_MS : 0, &st->lock_fd) == 0) {
+        st->locked = true;
+        existing = check_existing_state(st);
+        fault_point("launcher_state_checked");
+    }
     if (existing == 1) {
         hf_weights_close(&weights);
         if (attach_regions(st) != 0)
@@ -592,6 +592,21 @@ int state_create(struct job_state *st)
     return 0;
 }
 
+int state_create(struct job_state *st)
+{
+    if (create_or_adopt(st) == 0)
+        return 0;
+    state_unlock(st);
+    return -1;
+}
+
+void state_unlock(struct job_state *st)
+{
+    if (st->locked)
+        owner_unlock(st->job_name, st->lock_fd);
+    st->locked = false;
+}
+
 /* Gives the pages of master, m, v and the accumulator of every chunk another host holds back to
  * the system (several hosts, sharded): this host never reads them, so its shm holds about 1/H of
  * the optimizer state. After the initial weights, a resume, and each checkpoint host 0 gathers. */
@@ -636,6 +651,7 @@ void state_destroy(struct job_state *st)
     }
     st->created = false;
     layout_free(&st->lay);
+    state_unlock(st);
 }
 
 int state_export(const struct job_state *st, const char *dir)

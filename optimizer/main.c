@@ -1,35 +1,36 @@
 /* slidedp-optim: an optimizer process, exec'd by slidedp-launch; owns a set of chunks' master
  * weights and Adam moments. Exit codes: 0 done, 1 error (restartable), 2 fatal. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/parent.h"
 #include "optimizer/optim.h"
 
 int main(int argc, char **argv)
 {
     struct optim_args args = {.index = -1};
+    int launcher = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--job") && i + 1 < argc)
             args.job_name = argv[++i];
+        else if (!strcmp(argv[i], "--launcher") && i + 1 < argc)
+            launcher = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--index") && i + 1 < argc)
             args.index = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: slidedp-optim --job NAME --index K (started by slidedp-launch)\n");
+            fprintf(stderr, "usage: slidedp-optim --job NAME --launcher PID --index K (started by slidedp-launch)\n");
             return 2;
         }
     }
-    if (!args.job_name || args.index < 0) {
-        fprintf(stderr, "slidedp-optim: --job and --index are required (started by slidedp-launch)\n");
+    if (!args.job_name || args.index < 0 || launcher <= 0) {
+        fprintf(stderr, "slidedp-optim: --job, --launcher and --index are required (started by slidedp-launch)\n");
         return 2;
     }
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1)
-        return 1;
+    if (parent_follow(launcher) != 0)
+        return 1; /* the launcher died before we could follow it */
     int rc = optim_run(&args);
     if (rc != 0)
         fprintf(stderr, "slidedp-launch: optimizer %d: %s\n", args.index, sd_errmsg());

@@ -23,6 +23,7 @@
 
 #include "common/bf16.h"
 #include "common/err.h"
+#include "common/parent.h"
 #include "common/fault.h"
 #include "optimizer/adamw.h"
 #include "shm/ctl.h"
@@ -110,7 +111,7 @@ static void set_phase(struct optim *o, int phase)
 static bool torn_down(struct optim *o)
 {
     return atomic_load(&o->ctl->stop) == STOP_NOW || atomic_load(&o->slot->generation) != o->generation ||
-           getppid() == 1;
+           parent_gone();
 }
 
 static void *lane_main(void *arg)

@@ -213,6 +213,11 @@ void ctl_region_name(const char *job_name, const char *what, char *out, size_t l
     snprintf(out, len, "/slidedp.%s.%s", job_name, what);
 }
 
+void ctl_lock_name(const char *job_name, char *out, size_t len)
+{
+    snprintf(out, len, "/slidedp-%s.lock", job_name);
+}
+
 void ctl_job_name(const char *log_dir, char *out, size_t len)
 {
     ctl_host_job_name(log_dir, 1, 0, out, len);

@@ -346,6 +346,9 @@ void ctl_recycle_step(struct ctl_header *h, uint32_t s);
 
 /* Names of the job's shm objects: "/slidedp.<job>.<what>". */
 void ctl_region_name(const char *job_name, const char *what, char *out, size_t len);
+/* The shm name of the job's owner lock, "/slidedp-<job>.lock" (docs/design.md §8.6): beside the
+ * job's objects, not one of them. */
+void ctl_lock_name(const char *job_name, char *out, size_t len);
 /* The job name for a log directory (a stable hash, so a relaunch finds the same state). */
 void ctl_job_name(const char *log_dir, char *out, size_t len);
 /* The same for host host_index of a job on several hosts (so hosts sharing a machine never share

@@ -59,6 +59,11 @@ void job_path(const char *name, const char *rel, char *out, size_t len)
 
 pid_t start_launcher(const char *name, const char *crash_at)
 {
+    return start_launcher_as(name, crash_at, NULL, false);
+}
+
+pid_t start_launcher_as(const char *name, const char *crash_at, const char *const *wrap, bool own_session)
+{
     char ini[1300];
     job_path(name, "job.ini", ini, sizeof ini);
     fflush(stdout);
@@ -69,11 +74,20 @@ pid_t start_launcher(const char *name, const char *crash_at)
         FILE *f = freopen(logp, "a", stdout);
         (void)f;
         dup2(1, 2);
+        if (own_session)
+            setsid();
         if (crash_at)
             setenv("SLIDEDP_CRASH_AT", crash_at, 1);
         else
             unsetenv("SLIDEDP_CRASH_AT");
-        execl(tu_bin("slidedp-launch"), "slidedp-launch", ini, (char *)NULL);
+        const char *argv[16];
+        int n = 0;
+        for (; wrap && wrap[n]; n++)
+            argv[n] = wrap[n];
+        argv[n++] = tu_bin("slidedp-launch");
+        argv[n++] = ini;
+        argv[n] = NULL;
+        execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
     return pid;
@@ -244,6 +258,16 @@ static bool is_stopped(int pid)
     bool stopped = paren && paren[1] == ' ' && paren[2] == 'T';
     free(stat);
     return stopped;
+}
+
+void wait_launcher_stopped(pid_t launcher, const char *name)
+{
+    for (uint64_t t0 = clock_ns(); !is_stopped(launcher); usleep(5000)) {
+        if (waitpid(launcher, NULL, WNOHANG) == launcher)
+            fail_msg("%s: the launcher exited before it stopped", name);
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(launcher, name);
+    }
 }
 
 /* Waits until the job's process (enum proc_kind) has stopped itself at a fault point, and returns

@@ -39,6 +39,10 @@ void job_path(const char *name, const char *rel, char *out, size_t len);
 /* Starts slidedp-launch on the job with SLIDEDP_CRASH_AT=crash_at (NULL: none), output appended to
  * its launcher.log. */
 pid_t start_launcher(const char *name, const char *crash_at);
+/* start_launcher through `wrap`, an argv prefix (NULL-terminated, e.g. unshare and its options; NULL:
+ * none), and with own_session in a session of its own (setsid: its pid is its process group, like
+ * a job a shell starts). */
+pid_t start_launcher_as(const char *name, const char *crash_at, const char *const *wrap, bool own_session);
 void show_log(const char *name);
 #define HANG_S 120 /* a launcher that neither exits nor logs a step for this long is hung */
 /* Stops a hung launcher (two SIGINTs), shows its log and fails the test. */
@@ -63,6 +67,8 @@ void wait_running(pid_t pid, const char *name, uint32_t logged);
 /* Waits until the job's process (enum proc_kind) has stopped itself at a fault point (SIGSTOP);
  * returns its pid. */
 int wait_proc_stopped(pid_t launcher, const char *name, int kind, int index);
+/* Waits until the launcher has stopped itself at a fault point (SIGSTOP). */
+void wait_launcher_stopped(pid_t launcher, const char *name);
 /* Waits until the launcher has asked the job's processes to stop (ctl_header.stop). */
 void wait_stop_requested(pid_t launcher, const char *name);
 /* The pid the job's process (enum proc_kind) has now. */

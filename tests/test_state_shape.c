@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "shm/ctl.h"
 #include "shm/region.h"
@@ -82,6 +83,9 @@ static void check_shape(const struct shape_case *c)
     }
     printf("\n");
     assert_int_equal(tu_shm_objects(job), 0);
+    char lock[96]; /* a killed launcher leaves its lock file (docs/design.md §8.6) */
+    snprintf(lock, sizeof lock, "/dev/shm/slidedp-%s.lock", job);
+    assert_int_equal(unlink(lock), 0);
     cJSON_Delete(plan);
 }
 

@@ -4,10 +4,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "common/err.h"
@@ -39,9 +39,25 @@ const char *mon_phase_name(uint32_t phase)
     return phase < PHASE_COUNT ? phase_names[phase] : "?";
 }
 
-static bool pid_alive(int32_t pid)
+/* Whether a launcher holds the job's owner lock (docs/design.md §8.6): a stored pid may have been
+ * reused. Read from /proc/locks, so that looking never takes the lock a starting launcher needs. */
+static bool launcher_alive(const char *name)
 {
-    return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+    char lock[REGION_NAME_MAX], path[REGION_NAME_MAX + 16], line[256], kind[16];
+    ctl_lock_name(name, lock, sizeof lock);
+    snprintf(path, sizeof path, "%s%s", SHM_DIR, lock);
+    struct stat st;
+    FILE *f = stat(path, &st) == 0 ? fopen("/proc/locks", "r") : NULL;
+    bool held = false;
+    unsigned major_dev, minor_dev;
+    unsigned long inode;
+    /* "1: FLOCK  ADVISORY  WRITE <pid> <major>:<minor>:<inode> 0 EOF" */
+    while (f && !held && fgets(line, sizeof line, f))
+        held = sscanf(line, "%*d: %15s %*s %*s %*d %x:%x:%lu", kind, &major_dev, &minor_dev, &inode) == 4 &&
+               !strcmp(kind, "FLOCK") && inode == st.st_ino && makedev(major_dev, minor_dev) == st.st_dev;
+    if (f)
+        fclose(f);
+    return held;
 }
 
 int mon_attach(struct mon *m, const char *name)
@@ -70,7 +86,7 @@ int mon_attach(struct mon *m, const char *name)
         mon_detach(m);
         return sd_err("job %s is still starting; try again", name);
     }
-    if (!pid_alive(pid)) {
+    if (!launcher_alive(name)) {
         mon_detach(m);
         return sd_err("job %s is not running: its launcher (pid %d) is gone and left its state in %s/slidedp.%s.*",
                       name, pid, SHM_DIR, name);
@@ -95,7 +111,7 @@ bool mon_job_running(const struct mon *m)
 {
     char obj[REGION_NAME_MAX];
     ctl_region_name(m->name, "ctl", obj, sizeof obj);
-    return pid_alive(atomic_load(&m->h->launcher_pid)) && shm_region_exists(obj);
+    return launcher_alive(m->name) && shm_region_exists(obj);
 }
 
 static int cmp_jobs(const void *a, const void *b)

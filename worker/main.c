@@ -2,14 +2,13 @@
  * it through the backend; never touches master, m or v. Exit codes: 0 done, 1 error (the launcher
  * may restart it), 2 fatal. `--probe-topology [--gpus G]` instead prints the GPUs G ranks would run
  * on in the topology description format (the launcher never initialises CUDA itself). */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/parent.h"
 #include "common/topology.h"
 #include "worker/pipeline.h"
 #include "worker/probe.h"
@@ -44,26 +43,28 @@ int main(int argc, char **argv)
     if (argc >= 2 && !strcmp(argv[1], "--probe-topology"))
         return probe_topology(argc, argv);
     struct worker_args args = {.rank = -1, .device_index = 0};
+    int launcher = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--job") && i + 1 < argc)
             args.job_name = argv[++i];
+        else if (!strcmp(argv[i], "--launcher") && i + 1 < argc)
+            launcher = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rank") && i + 1 < argc)
             args.rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--device-index") && i + 1 < argc)
             args.device_index = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: slidedp-worker --job NAME --rank R [--device-index D] (started by slidedp-launch)\n");
+            fprintf(stderr, "usage: slidedp-worker --job NAME --launcher PID --rank R [--device-index D] (started by "
+                            "slidedp-launch)\n");
             return 2;
         }
     }
-    if (!args.job_name || args.rank < 0) {
-        fprintf(stderr, "slidedp-worker: --job and --rank are required (started by slidedp-launch)\n");
+    if (!args.job_name || args.rank < 0 || launcher <= 0) {
+        fprintf(stderr, "slidedp-worker: --job, --launcher and --rank are required (started by slidedp-launch)\n");
         return 2;
     }
-    /* Die with the launcher; re-check in case it died before the prctl. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1)
-        return 1;
+    if (parent_follow(launcher) != 0)
+        return 1; /* the launcher died before we could follow it */
     int rc = worker_run(&args);
     if (rc != 0)
         fprintf(stderr, "slidedp-launch: worker %d: %s\n", args.rank, sd_errmsg());

@@ -16,13 +16,14 @@
 
 #include "common/err.h"
 #include "common/fault.h"
+#include "common/parent.h"
 #include "shm/futex.h"
 
 static bool stop_now(struct worker *w)
 {
     uint32_t stop = atomic_load(&w->ctl->stop);
     return stop == STOP_NOW || stop == STOP_WORKERS_NOW || atomic_load(&w->slot->generation) != w->generation ||
-           getppid() == 1;
+           parent_gone();
 }
 
 void set_phase(struct worker *w, int phase)
