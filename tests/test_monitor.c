@@ -19,7 +19,7 @@
 
 #include "common/err.h"
 #include "shm/futex.h"
-#include "tools/monitor.h"
+#include "monitor/monitor.h"
 
 #define STEPS 100
 #define TOKENS_PER_STEP (2 * 2 * 8 * 64) /* gpus x grad_accum x micro_batch x seq_len */

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "tools/monitor.h"
-#include "tools/monitor_view.h"
+#include "monitor/monitor.h"
+#include "monitor/monitor_view.h"
 
 #define PROG "slidedp-top"
 #define FRAME_MS 250

@@ -1,7 +1,7 @@
 /* slidedp-data: writes the deterministic synthetic SFT dataset (copy | reverse | sort) that the
  * embedded demo job trains a tiny model on. Each document is exactly seq_len tokens:
  * BOS, n symbols, SEP, the answer (n symbols), EOS, PAD...; the loss covers the answer and EOS.
- * `slidedp-data tokenize` (tools/tokenize_cmd.c) tokenizes a user's own JSONL dataset. */
+ * `slidedp-data tokenize` (ingest/tokenize_cmd.c) tokenizes a user's own JSONL dataset. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,7 +13,7 @@
 #include "common/data.h"
 #include "common/err.h"
 #include "common/rng.h"
-#include "tools/tokenize_cmd.h"
+#include "ingest/tokenize_cmd.h"
 
 enum { TOK_PAD = 0, TOK_BOS = 1, TOK_SEP = 2, TOK_EOS = 3, TOK_FIRST_SYMBOL = 4 };
 

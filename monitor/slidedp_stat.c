@@ -11,10 +11,10 @@
 #include <uv.h>
 
 #include "common/err.h"
-#include "tools/metrics_plot.h"
-#include "tools/monitor.h"
-#include "tools/monitor_export.h"
-#include "tools/monitor_view.h"
+#include "monitor/metrics_plot.h"
+#include "monitor/monitor.h"
+#include "monitor/monitor_export.h"
+#include "monitor/monitor_view.h"
 
 #define PROG "slidedp-stat"
 #define REQ_MAX 8192

@@ -18,8 +18,8 @@
 
 #include "common/data.h"
 #include "common/err.h"
-#include "tools/chat_template.h"
-#include "tools/tokenizer.h"
+#include "ingest/chat_template.h"
+#include "ingest/tokenizer.h"
 
 enum format { FMT_AUTO, FMT_MESSAGES, FMT_SHAREGPT, FMT_ALPACA, FMT_PROMPT_COMPLETION, FMT_TEXT, FMT_COUNT };
 static const char *const format_names[FMT_COUNT] = {"auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text"};
