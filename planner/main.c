@@ -192,8 +192,8 @@ static void print_text_host_memory(const struct report *r)
     if (in->host_available > 0)
         printf("  this host has %s available: %s\n", sz(in->host_available),
                in->host_fits ? "fits"
-                             : cpu ? "DOES NOT FIT; the job cannot run on this host (planned for the workers alone)"
-                                   : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
+                             : cpu ? "the job does not fit; it cannot run on this host (planned for the workers alone)"
+                                   : "the job does not fit; it cannot run on this host (planned for the GPUs alone)");
     printf("  %.2f bytes per parameter with [train] optimizer_state = %s", h->total / r->num_params,
            optimizer_state_name(r->job->optimizer_state));
     int other = !r->job->optimizer_state;
@@ -204,6 +204,11 @@ static void print_text_host_memory(const struct report *r)
         for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
             const struct plan_state_mode *m = &in->state_modes[st];
             bool large_b = m->largest_params >= 1e9;
+            if (m->largest_layers == 0 && !m->largest_capped) {
+                printf("    %s state: no layer count fits (not even 1 layer with the job's embedding and head)\n",
+                       optimizer_state_name(st));
+                continue;
+            }
             printf("    %s state: %s%d layer%s, %.2f%s params, %s (%.2f bytes per parameter)\n", optimizer_state_name(st),
                    m->largest_capped ? "at least " : "", m->largest_layers, m->largest_layers == 1 ? "" : "s",
                    (double)m->largest_params / (large_b ? 1e9 : 1e6), large_b ? "B" : "M",
@@ -729,5 +734,11 @@ int main(int argc, char **argv)
     else
         print_text(&r);
     free(overrides);
+    if (info.host_available > 0 && !info.host_fits) {
+        /* the launcher refuses this job (exit 2): so does its plan */
+        fprintf(stderr, "slidedp-plan: the job does not fit this host: it needs %s of host memory, %s available\n",
+                sz((double)info.host.total), sz((double)info.host_available));
+        return 2;
+    }
     return 0;
 }

@@ -321,19 +321,26 @@ static void test_existing_state(void **state)
     assert_false(tu_exists(obj));
 }
 
-/* slidedp-plan on the CPU backend for a model whose state does not fit the host: no negative
- * budget, and no GPU calibration block (the CPU backend uses none). */
+/* slidedp-plan on the CPU backend for a model whose state does not fit the host: exit 2 as the
+ * launcher would, saying "does not fit" (issue 29: it exited 0), and that no layer count fits; no
+ * negative budget, and no GPU calibration block (the CPU backend uses none). */
 static void test_plan_little_host_memory(void **state)
 {
     char *out = NULL;
     int rc = tu_sh(&out,
                    "cd %s && rm -rf big && mkdir big && sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 400/; "
                    "s/\"hidden_size\": 64/\"hidden_size\": 16384/; s/\"intermediate_size\": 192/\"intermediate_size\": "
-                   "65536/' model/config.json > big/config.json && printf '%s' > plan.ini && %s plan.ini model.path=big 2>&1",
+                   "65536/; s/\"vocab_size\": 32/\"vocab_size\": 4000000/' model/config.json > big/config.json && "
+                   "printf '%s' > plan.ini && %s plan.ini model.path=big 2>&1",
                    dir, base_ini, tu_bin("slidedp-plan"));
     printf("%s# exit %d\n", out, rc);
-    assert_int_equal(rc, 0);
-    assert_non_null(strstr(out, "DOES NOT FIT"));
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "slidedp-plan: the job does not fit this host: it needs "));
+    /* the embedding alone (4M x 16384) outgrows any host: no layer count fits, said so (it printed
+     * "0 layers, 0.00M params, 0.0 KiB") */
+    assert_non_null(strstr(out, "fp32 state: no layer count fits"));
+    assert_non_null(strstr(out, "bf16 state: no layer count fits"));
+    assert_null(strstr(out, "state: 0 layers"));
     assert_non_null(strstr(out, "worker memory per rank"));
     assert_null(strstr(out, "of -"));
     assert_null(strstr(out, "calibration, GPU"));
