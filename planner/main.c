@@ -16,6 +16,7 @@
 #include "common/fsutil.h"
 #include "common/job.h"
 #include "common/model_config.h"
+#include "common/version.h"
 #include "planner/search.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -621,11 +622,21 @@ static void print_failure(const struct job_config *job, const struct plan_info *
                in->whatifs[i].what, sz(in->whatifs[i].gpu_bytes), in->whatifs[i].kept, in->whatifs[i].step_s);
 }
 
-static int usage(void)
+static int help(void)
 {
-    fprintf(stderr, "usage: slidedp-plan job.ini [section.key=value ...] [--hosts H] [--host-calib FILE] [--json] "
-                    "[--recalibrate]\n");
-    return 2;
+    printf("usage: slidedp-plan job.ini [section.key=value ...] [--hosts H] [--host-calib FILE] [--json] [--recalibrate]\n"
+           "       slidedp-plan --version | --help\n"
+           "Prints the plan slidedp-launch would use for the job: chunks, buffers, activations, routes, optimizer\n"
+           "processes and threads, each term of the predicted step time, the bottleneck, GPU and host memory.\n"
+           "  --hosts H          the job on H hosts of this kind (mpirun -np H), each with runtime.gpus ranks\n"
+           "  --host-calib FILE  plan for the host FILE describes (its rates, cores and memory), not this one\n"
+           "  --json             the same for machines\n"
+           "  --recalibrate      measure this host's rates again\n"
+           "  --version          print the version and the backends of this build\n"
+           "  --help, -h         this text\n" SD_OVERRIDE_PATHS_HELP
+           "Exit codes: 0 the job fits; 2 bad input, or the job does not fit (no plan fits the GPU memory, or\n"
+           "the state does not fit the host's memory: the plan for the GPUs alone is printed all the same).\n");
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -659,10 +670,12 @@ int main(int argc, char **argv)
             host_calib = argv[++i];
         }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-            return usage();
+            return help();
+        else if (!strcmp(argv[i], "--version"))
+            return sd_version_print();
         else if (argv[i][0] == '-') {
             fprintf(stderr, "slidedp-plan: unknown option %s (accepted: --hosts H, --host-calib FILE, --json, "
-                            "--recalibrate)\n", argv[i]);
+                            "--recalibrate, --version, --help)\n", argv[i]);
             return 2;
         } else if (!ini)
             ini = argv[i];
@@ -674,8 +687,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!ini)
-        return usage();
+    if (!ini) {
+        fprintf(stderr, "slidedp-plan: no job file given: slidedp-plan job.ini [section.key=value ...] (slidedp-plan "
+                        "--help lists the options)\n");
+        return 2;
+    }
     struct job_config job;
     if (job_config_load(ini, num_overrides, overrides, &job) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());

@@ -245,7 +245,9 @@ static void run_case(const struct bad_case *c, int i, const char *mount)
     char *before = snapshot(cdir);
     int shm_before = count_shm(cdir);
     char *out = NULL, launch[4096], wrapped[4600];
-    snprintf(launch, sizeof launch, "%s %s %s 2>&1", tu_bin("slidedp-launch"), ini, c->override ? c->override : "");
+    /* from the case's folder: an override's relative path starts at the current directory */
+    snprintf(launch, sizeof launch, "cd %s && %s %s %s 2>&1", cdir, tu_bin("slidedp-launch"), ini,
+             c->override ? c->override : "");
     if (mount)
         in_mount_ns(wrapped, sizeof wrapped, cdir, mount, launch);
     int rc = tu_sh(&out, "%s", mount ? wrapped : launch);
@@ -364,11 +366,12 @@ static void test_disk_full(void **state)
     snprintf(ini, sizeof ini, "%s/job.ini", cdir);
     tu_write_file(ini, base_ini);
     /* the reference: the same job with the checkpoints on the ordinary disk */
-    int rc = tu_sh(&out, "%s %s checkpoint.dir=ref-ckpt log.dir=ref-log 2>&1", tu_bin("slidedp-launch"), ini);
+    int rc = tu_sh(&out, "cd %s && %s %s checkpoint.dir=ref-ckpt log.dir=ref-log 2>&1", cdir, tu_bin("slidedp-launch"),
+                   ini);
     assert_int_equal(rc, 0);
     free(out);
     /* 16 KiB: too small for the tiny model's ~0.2 MiB export */
-    snprintf(launch, sizeof launch, "%s %s checkpoint.dir=small/ckpt 2>&1", tu_bin("slidedp-launch"), ini);
+    snprintf(launch, sizeof launch, "cd %s && %s %s checkpoint.dir=small/ckpt 2>&1", cdir, tu_bin("slidedp-launch"), ini);
     in_mount_ns(cmd, sizeof cmd, cdir, "size=16k small", launch);
     rc = tu_sh(&out, "%s", cmd);
     printf("%s# exit %d\n", out, rc);

@@ -543,12 +543,25 @@ static int shard_finish(struct shard *s, int64_t pack, uint32_t pad)
 
 /* ---- main --------------------------------------------------------------------------------- */
 
-static void usage(FILE *f)
+void tokenize_usage(FILE *f)
 {
     fprintf(f, "usage: slidedp-data tokenize --model DIR --in FILE.jsonl --out FILE.bin [--format %s]\n"
                "         [--template auto|%s] [--date 'DD Mon YYYY'] [--train-on assistant|all]\n"
                "         [--max-len N --overflow drop|truncate] [--pack SEQ_LEN] [--val N --val-out FILE.bin]\n"
-               "         [--threads N]\n",
+               "         [--threads N]\n"
+               "  --model DIR       the HF model directory: tokenizer.json, tokenizer_config.json, config.json\n"
+               "  --format F        the JSONL's format (auto: from the first line)\n"
+               "  --template T      the chat template (auto: recognised in tokenizer_config.json); one whose\n"
+               "                    special tokens the tokenizer lacks is refused\n"
+               "  --train-on W      assistant (default): targets are the assistant turns, and a conversation\n"
+               "                    without one is dropped; all: every token\n"
+               "  --max-len N       documents longer than N tokens follow --overflow: drop (default) or truncate\n"
+               "                    (an example left without a target is dropped and named)\n"
+               "  --pack SEQ_LEN    whole documents packed into windows of SEQ_LEN ([data] seq_len); --max-len\n"
+               "                    defaults to it\n"
+               "  --val N           the last N examples go to --val-out\n"
+               "  --threads N       encoding threads (default: all cores)\n"
+               "A shard without a target is never written (exit 2).\n",
             "auto|messages|sharegpt|alpaca|prompt-completion|text", "qwen2.5|qwen3|llama3|llama3.1");
 }
 
@@ -822,7 +835,7 @@ static double now_s(void)
 int tokenize_main(int argc, char **argv)
 {
     if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) {
-        usage(stdout);
+        tokenize_usage(stdout);
         return 0;
     }
     struct job j = {0};
