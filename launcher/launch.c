@@ -636,7 +636,8 @@ static void finish(struct sup *s)
             s->st.created = false;
             s->exit_code = 1;
         } else {
-            printf("exported %s\n", dir);
+            char shown[JOB_PATH_MAX + 16];
+            printf("exported %s\n", fs_display_path(dir, shown, sizeof shown));
             s->exit_code = 0;
             checkpoint_on_stop(s);
         }
@@ -937,10 +938,11 @@ static void print_header(const struct sup *s)
     plan_print(stdout, &st->plan, &st->cfg, job);
     uint64_t state_bytes = st->shm.ctl->size + st->shm.ctl->params16_bytes + st->shm.ctl->master_bytes +
                            st->shm.ctl->grads_bytes;
+    char logs[JOB_PATH_MAX];
     printf("slidedp: shared state %.1f MiB (%.2f bytes per parameter, %s optimizer state) in /dev/shm/slidedp.%s.*; "
            "logs in %s\n",
            (double)state_bytes / (1 << 20), (double)state_bytes / (double)st->lay.num_params,
-           optimizer_state_name(job->optimizer_state), st->job_name, job->log_dir);
+           optimizer_state_name(job->optimizer_state), st->job_name, fs_display_path(job->log_dir, logs, sizeof logs));
     fflush(stdout);
 }
 

@@ -4,7 +4,8 @@ meson-info/intro-installed.json lists them) prints its full usage on stdout for 
 "usage" and --version in it, and exits 0; --version prints the version and exits 0; an unknown option
 is one line on stderr and exit 2; the programs that take job.ini overrides say how their relative
 paths resolve. A resumed job's header names the checkpoint its weights come from, never "random init"
-(a tiny random-init job trains 2 steps, seed 1234, then 2 more from its step-2 checkpoint)."""
+(a tiny random-init job trains 2 steps, seed 1234, then 2 more from its step-2 checkpoint), and the
+paths the launcher prints are shown from the current directory when they lie under it."""
 import json
 import os
 import shutil
@@ -67,9 +68,13 @@ def check_resume_header(scratch):
                 "seq_len = 32\n[train]\nmicro_batch = 2\nsteps = 2\nlr = 1e-3\nseed = 1234\n[checkpoint]\nevery = 1\n"
                 "[runtime]\ndevice = cpu\ngpus = 1\n")
     launch = os.path.join(BUILD, "slidedp-launch")
-    first = run([launch, ini])
+    first = run([launch, "job.ini"], cwd=scratch)
     check(first.returncode == 0 and "random init" in first.stdout,
           f"a fresh run: exit {first.returncode}, its header says random init")
+    # paths under the current directory are shown from it, as the user would type them
+    check("logs in runs/demo\n" in first.stdout and "exported runs/demo/ckpt/final\n" in first.stdout,
+          "the paths it prints are relative to the current directory (logs in runs/demo, exported "
+          "runs/demo/ckpt/final)")
     second = run([launch, ini, "train.steps=4"])
     lines = second.stdout.splitlines()
     header = next((l for l in lines if l.startswith("slidedp: job ")), "")
