@@ -728,7 +728,7 @@ int main(int argc, char **argv)
     struct plan plan;
     struct plan_info info = {0};
     if (plan_choose(&job, &cfg, &cal, &topo, host_cpus, hosts, &plan, &info) != 0) {
-        fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
+        fprintf(stderr, "slidedp-plan: %s%s\n", info.failed ? "the job does not fit the GPU memory: " : "", sd_errmsg());
         if (info.failed)
             print_failure(&job, &info, sd_errmsg(), json);
         return 2;

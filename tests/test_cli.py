@@ -5,7 +5,8 @@ meson-info/intro-installed.json lists them) prints its full usage on stdout for 
 is one line on stderr and exit 2; the programs that take job.ini overrides say how their relative
 paths resolve. A resumed job's header names the checkpoint its weights come from, never "random init"
 (a tiny random-init job trains 2 steps, seed 1234, then 2 more from its step-2 checkpoint), and the
-paths the launcher prints are shown from the current directory when they lie under it."""
+paths the launcher prints are shown from the current directory when they lie under it; slidedp-plan
+says "does not fit" and exits 2 when no plan fits the GPU memory."""
 import json
 import os
 import shutil
@@ -57,6 +58,13 @@ def check_programs():
               f"{name} --help says an override's relative path starts at the current directory")
 
 
+def check_plan_does_not_fit(scratch):
+    """slidedp-plan exits 2 saying "does not fit" when no plan fits the GPU memory (DESIGN §12)."""
+    p = run([os.path.join(BUILD, "slidedp-plan"), "job.ini", "runtime.device=cuda", "runtime.gpu_mem=1M"], cwd=scratch)
+    check(p.returncode == 2 and "slidedp-plan: the job does not fit the GPU memory: " in p.stderr,
+          f"slidedp-plan with gpu_mem = 1M: exit {p.returncode}, {p.stderr.strip()!r}")
+
+
 def check_resume_header(scratch):
     data = os.path.join(scratch, "data")
     p = run([os.path.join(BUILD, "slidedp-data"), "copy", "--out", data, "--seq-len", "32", "--train", "256",
@@ -90,6 +98,7 @@ def main():
     try:
         check_programs()
         check_resume_header(scratch)
+        check_plan_does_not_fit(scratch)
     finally:
         shutil.rmtree(scratch)
     sys.exit(1 if failures else 0)
