@@ -196,12 +196,14 @@ static void print_text_host_memory(const struct report *r)
                                    : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
     printf("  %.2f bytes per parameter with [train] optimizer_state = %s", h->total / r->num_params,
            optimizer_state_name(r->job->optimizer_state));
-    int other = !r->job->optimizer_state;
-    printf("; %.2f with %s\n", in->state_modes[other].bytes_per_param, optimizer_state_name(other));
+    for (int st = OPTIM_STATE_FP32; st < OPTIM_STATE_COUNT; st++)
+        if (st != (int)r->job->optimizer_state)
+            printf("; %.2f with %s", in->state_modes[st].bytes_per_param, optimizer_state_name(st));
+    printf("\n");
     if (in->host_available > 0) {
         printf("  largest model of this shape on this host (the job's layers, more or fewer; %d now):\n",
                r->cfg->num_layers);
-        for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+        for (int st = OPTIM_STATE_FP32; st < OPTIM_STATE_COUNT; st++) {
             const struct plan_state_mode *m = &in->state_modes[st];
             bool large_b = m->largest_params >= 1e9;
             printf("    %s state: %s%d layer%s, %.2f%s params, %s (%.2f bytes per parameter)\n", optimizer_state_name(st),
@@ -482,7 +484,7 @@ static cJSON *host_memory_json(const struct report *r)
         cJSON_AddItemToArray(opts, e);
     }
     cJSON *modes = cJSON_AddObjectToObject(h, "modes");
-    for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+    for (int st = OPTIM_STATE_FP32; st < OPTIM_STATE_COUNT; st++) {
         const struct plan_state_mode *m = &in->state_modes[st];
         cJSON *mj = cJSON_AddObjectToObject(modes, optimizer_state_name(st));
         cJSON_AddNumberToObject(mj, "total", (double)m->host_bytes);
