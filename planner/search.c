@@ -602,7 +602,8 @@ static int search_host_states(const struct search *base, const struct plan *tmpl
     int states[2] = {HOST_STATE_REPLICATED, HOST_STATE_SHARDED}, n = 2;
     bool no_sharding = base->job->optimizer_state == OPTIM_STATE_8BIT; /* plan_choose says why */
     if (tmpl->hosts == 1 || base->job->host_state != HOST_STATE_AUTO || no_sharding) {
-        states[0] = tmpl->hosts == 1 ? HOST_STATE_REPLICATED : (int)base->job->host_state;
+        states[0] = tmpl->hosts > 1 && base->job->host_state != HOST_STATE_AUTO ? (int)base->job->host_state
+                                                                                 : HOST_STATE_REPLICATED;
         n = 1;
     }
     int evaluated = 0;

@@ -26,6 +26,7 @@ static struct calib test_calib(void)
     c.host.memcpy_bw = (struct calib_curve){2, {1, 8}, {10e9, 40e9}};
     c.host.adamw_rate = (struct calib_curve){2, {1, 8}, {0.5e9, 2e9}};
     c.host.adamw_bf16_rate = (struct calib_curve){2, {1, 8}, {0.4e9, 1.6e9}};
+    c.host.adamw_8bit_rate = (struct calib_curve){2, {1, 8}, {0.3e9, 1.2e9}};
     c.host.wake_s = 10e-6;
     c.host.cpu.gemm_flops = 50e9;
     c.host.cpu.gemm_elem_s = 0.5e-9;
@@ -154,7 +155,8 @@ static struct plan hand_plan(int lpc, int buffers, int slots, int procs, int mod
  * at its 30 bytes per parameter; bf16 state 0.4 G params/s). Each update carries the G ranks' next
  * fill of its chunk: the bf16 copy's 2 bytes per parameter, or the master's 4, which no longer has
  * the copy's 2 bytes to write. So on one GPU both sources cost the optimizer the same bytes, on two
- * the master costs 2 more per parameter; and bf16 state is never faster than its calibrated rate. */
+ * the master costs 2 more per parameter; and bf16 and 8-bit state are never faster than their
+ * calibrated rates (0.4 and 0.3 G params/s). */
 static void test_update_shares_host_memory(void **state)
 {
     struct model_config cfg = tiny(4);
@@ -171,6 +173,10 @@ static void test_update_shares_host_memory(void **state)
         layout_free(&lay);
         job.optimizer_state = OPTIM_STATE_BF16;
         price_plan(&cfg, &job, &p, &lay, &master16, NULL, NULL);
+        layout_free(&lay);
+        struct step_pred master8;
+        job.optimizer_state = OPTIM_STATE_8BIT;
+        price_plan(&cfg, &job, &p, &lay, &master8, NULL, NULL);
         double N = (double)lay.total_numel;
         layout_free(&lay);
         double want_master = copy.optim_s + (28.0 + 4 * G - (30.0 + 2 * G)) * N / update_bw;
@@ -188,6 +194,27 @@ static void test_update_shares_host_memory(void **state)
         double rounding = 6 * N / gpu.gpu.mem_bw + 6 * gpu.gpu.launch_s;
         assert_true(fabs(master.h2d_s - (2 * copy.h2d_s + rounding)) < 1e-9 * master.h2d_s);
         assert_true(fabs(master16.optim_s - want_master16) < 1e-9 * copy.optim_s);
+        /* 8-bit state: 16.06 bytes per parameter and the fill, at most 1.6 ns per parameter, under
+         * the calibrated 3.3 ns */
+        double want_master8 = master.optim_s - (28.0 + 4 * G) * N / update_bw + N / 0.3e9;
+        printf("# %d GPU(s): 8-bit state %.6f ms (expect %.6f)\n", G, master8.optim_s * 1e3, want_master8 * 1e3);
+        assert_true(fabs(master8.optim_s - want_master8) < 1e-9 * copy.optim_s);
+        /* a host whose 8-bit update is fast: then its bytes bound it, 12 - 4/64 fewer per parameter */
+        struct step_pred fast8;
+        static struct calib fast;
+        fast = test_calib();
+        fast.host.adamw_8bit_rate.value[0] = fast.host.adamw_8bit_rate.value[1] = 1e12;
+        assert_int_equal(layout_build(&cfg, p.layers_per_chunk, &lay), 0);
+        int owner[64];
+        plan_assign_owners(&lay, p.optim_procs, owner);
+        struct cost_case mc = {.job = &job, .cfg = &cfg, .lay = &lay, .plan = &p, .owner = owner, .cal = &fast,
+                               .host_cpus = 8};
+        cost_step(&mc, &fast8);
+        layout_free(&lay);
+        double want_fast8 = master.optim_s - (12.0 - 4.0 / 64) * N / update_bw;
+        printf("# %d GPU(s): 8-bit state bound by its bytes %.6f ms (expect %.6f)\n", G, fast8.optim_s * 1e3,
+               want_fast8 * 1e3);
+        assert_true(fabs(fast8.optim_s - want_fast8) < 1e-9 * copy.optim_s);
     }
 }
 
@@ -674,6 +701,61 @@ static void test_host_bytes_per_param_qwen3_8b(void **state)
                optim_bytes[1] / (double)params);
         assert_true(fabs(saved - (k == 2 ? 8 - 2 : 8)) < 0.01);
     }
+}
+
+/* The Qwen3-14B shape (examples/qwen3-14b) on one GPU of the H200 host examples/h200-host.json
+ * describes (120 GiB available), 8k tokens per step, clipping, bf16 gradients: 8-bit state fits in
+ * at most 8.1 bytes per parameter (master 4, the bf16 accumulator 2, m and v 1 + 1, their scales
+ * 2/64, the staging blocks and the ctl region), fp32 and bf16 state do not; the largest model of the
+ * shape per mode; and sharded host state across hosts is refused in 8-bit mode. */
+static void test_qwen3_14b_8bit_fits(void **state)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s", tu_src("examples/qwen3-14b/config.json"));
+    struct model_config cfg;
+    assert_int_equal(model_config_load(path, &cfg), 0);
+    struct calib cal;
+    assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), &cal), 0);
+    struct job_config job = job_of(DEVICE_CUDA, 1, 2, 4096, 1);
+    job.grad_dtype = GRAD_BF16;
+    job.grad_clip = 1.0;
+    job.weights_source = WEIGHTS_AUTO;
+    double params = (double)model_config_num_params(&cfg);
+    int largest[OPTIM_STATE_COUNT];
+    for (int st = OPTIM_STATE_FP32; st < OPTIM_STATE_COUNT; st++) {
+        job.optimizer_state = (enum optimizer_state)st;
+        struct plan p;
+        struct plan_info info;
+        struct topology topo;
+        topology_assumed(1, &topo);
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, 1, &p, &info), 0);
+        double bpp = (double)info.host.total / params;
+        largest[st] = info.state_modes[st].largest_layers;
+        printf("# Qwen3-14B shape (%.2fB), %s state: %.4f host bytes per parameter, %s; step %.3f s; largest model "
+               "of the shape %d layers, %.2fB\n",
+               params / 1e9, optimizer_state_name(st), bpp, info.host_fits ? "fits" : "does not fit",
+               p.predicted_step_s, largest[st], (double)info.state_modes[st].largest_params / 1e9);
+        assert_true(info.state_modes[st].host_bytes == info.host.total);
+        if (st == OPTIM_STATE_8BIT) {
+            assert_true(info.host_fits);
+            assert_true(bpp >= 8.0 + 2.0 / 64 && bpp <= 8.1);
+            assert_true(plan_streams_master(&p));
+        } else {
+            assert_false(info.host_fits);
+        }
+    }
+    assert_true(largest[OPTIM_STATE_FP32] < largest[OPTIM_STATE_BF16] && largest[OPTIM_STATE_BF16] < cfg.num_layers &&
+                largest[OPTIM_STATE_8BIT] >= cfg.num_layers);
+    /* several hosts: 8-bit state stays replicated (auto), and sharded is refused */
+    struct topology topo;
+    topology_assumed(1, &topo);
+    struct plan p;
+    struct plan_info info;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, 2, &p, &info), 0);
+    assert_int_equal(p.host_state, HOST_STATE_REPLICATED);
+    job.host_state = HOST_STATE_SHARDED;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, 2, &p, &info), -1);
+    assert_non_null(strstr(sd_errmsg(), "host_state = sharded with [train] optimizer_state = 8bit"));
 }
 
 /* A host from a description file in examples/, for `ranks` ranks. */
@@ -1180,6 +1262,7 @@ int main(void)
         cmocka_unit_test(test_hosts_auto_state),
         cmocka_unit_test(test_hosts_one_as_before),
         cmocka_unit_test(test_hosts_qwen72b_described),
+        cmocka_unit_test(test_qwen3_14b_8bit_fits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
