@@ -648,6 +648,10 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
     bool gpu_grads = p->grad_route == GRADS_GPU && G > 1;
     /* gradients in bf16: half the copy, and the optimizer reads 2 bytes less of each */
     bool bf16_grads = cost_grads_bf16(p, job);
+    /* gradients in the accumulator, updated during the backward without clipping: the update squares
+     * each block for the reported norm as it reads it (optimizer/optim.c norm_in_update), so the
+     * reduction reads nothing */
+    bool norm_in_update = cost_grads_direct(p, job) && p->update_mode == UPDATE_DURING_BACKWARD && !(job->grad_clip > 0);
     *s = (struct sim){
         .mc = mc,
         .cpu = cpu,
@@ -660,7 +664,7 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         /* gradients sent to the host per step: every micro-step's, or one */
         .sends = plan_one_post_per_rank(p, G) ? 1 : A,
         .bf16_grads = bf16_grads,
-        .sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
+        .sumsq_bytes = norm_in_update ? 0 : bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
         /* m and v in bf16: 8 bytes less; in 8 bits: 12 less, their scales added (update_s) */
         .update_bytes = UPDATE_BYTES - (bf16_grads ? BF16_GRAD_SAVING : 0) -
                         (job->optimizer_state == OPTIM_STATE_BF16   ? BF16_STATE_SAVING
