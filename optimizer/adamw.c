@@ -342,9 +342,10 @@ void adamw_update(enum adamw_isa isa, const struct adamw_step *s, float *p, floa
  * A code's value under scale T (L = T - 14 the biased exponent of the lowest normal binade, M the
  * mantissa bits): exponent field ce = code >> M, fraction f = code & (2^M - 1); ce > 0: (1 + f/2^M)
  * * 2^(ce + L - 1 - 127); ce = 0: f/2^M * 2^(L - 127). Encoding rounds the fp32 bits of |x| to M
- * mantissa bits in integer arithmetic (the same on every path): above the subnormal step by adding
- * the random bits below the kept ones to the whole word (a carry moves into the exponent, as it
- * should); below it by shifting the 24-bit significand right by the distance to that step. */
+ * mantissa bits in integer arithmetic (the same on every path), adding the random bits below the
+ * kept ones to the whole word (a carry moves into the exponent, as it should). A value under the
+ * lowest normal binade, 2^(L-127), is first added to 2^(L-127) in fp32 (one IEEE addition, the
+ * same on every path): the sum lies in that binade, and its code less 2^M is the subnormal code. */
 
 enum { Q8_M_BITS = 3, Q8_V_BITS = 4 };
 
@@ -377,13 +378,10 @@ static inline uint32_t q8_scale_at(uint8_t scale)
 /* The magnitude code of fp32 bits u (sign cleared) under scale t, rounded with r16. */
 static inline uint32_t q8_encode(uint32_t u, uint32_t t, int mbits, uint32_t r16)
 {
-    uint32_t low = t - 14, e = u >> 23, drop = 23 - (uint32_t)mbits, code;
-    if (e >= low) {
-        code = ((u + (r16 << (drop - 16))) >> drop) - ((low - 1) << mbits);
-    } else {
-        uint32_t sig = (u & 0x7fffffu) | (e ? 0x800000u : 0), sh = drop + low - (e ? e : 1);
-        code = sh > 31 ? 0 : (sig + (r16 << (sh - 16))) >> sh;
-    }
+    uint32_t low = t - 14, drop = 23 - (uint32_t)mbits, sub = (u >> 23) < low;
+    if (sub)
+        u = f32_bits(f32_from_bits(u) + f32_from_bits(low << 23));
+    uint32_t code = ((u + (r16 << (drop - 16))) >> drop) - ((low - 1 + sub) << mbits);
     uint32_t most = (16u << mbits) - 1; /* only inf or NaN get past it */
     return code < most ? code : most;
 }
@@ -473,33 +471,30 @@ static void adamw8_scalar(const struct consts *c, const struct io8 *a, size_t n)
         adamw8_block_scalar(c, a, i, n - i < STATE8_BLOCK ? n - i : STATE8_BLOCK);
 }
 
-/* q8_decode of 8 codes (32-bit lanes); low = t - 14 in every lane. */
+/* q8_decode of 8 codes (32-bit lanes); low = t - 14 in every lane. A code c with ce > 0 has the
+ * bits (c + ((low - 1) << mbits)) << (23 - mbits); a subnormal one is that of c + 2^mbits (in the
+ * lowest binade) less 2^(low - 127). */
 __attribute__((target("avx2"))) static inline __m256 q8_decode8_avx2(__m256i code, __m256i low, int mbits)
 {
-    const __m256i one = _mm256_set1_epi32(1);
-    __m256i ce = _mm256_srli_epi32(code, mbits), frac = _mm256_and_si256(code, _mm256_set1_epi32((1 << mbits) - 1));
-    __m256i exp = _mm256_add_epi32(_mm256_max_epu32(ce, one), _mm256_sub_epi32(low, one));
-    __m256 x = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(exp, 23), _mm256_slli_epi32(frac, 23 - mbits)));
-    __m256 base = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpeq_epi32(ce, _mm256_setzero_si256()),
-                                                       _mm256_slli_epi32(low, 23)));
-    return _mm256_sub_ps(x, base); /* x - 0 = x where ce > 0 */
+    const __m256i step = _mm256_set1_epi32(1 << mbits);
+    __m256i sub = _mm256_cmpgt_epi32(step, code);
+    __m256i offset = _mm256_slli_epi32(_mm256_sub_epi32(low, _mm256_set1_epi32(1)), mbits);
+    __m256i bits = _mm256_add_epi32(_mm256_add_epi32(code, offset), _mm256_and_si256(sub, step));
+    __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23 - mbits));
+    return _mm256_sub_ps(x, _mm256_castsi256_ps(_mm256_and_si256(sub, _mm256_slli_epi32(low, 23)))); /* x - 0 = x */
 }
 
-/* q8_encode of 8 magnitudes' bits u. */
+/* q8_encode of 8 magnitudes' bits u; low = t - 14 in every lane. */
 __attribute__((target("avx2"))) static inline __m256i q8_encode8_avx2(__m256i u, __m256i low, int mbits, __m256i r16)
 {
-    const __m256i one = _mm256_set1_epi32(1), sixteen = _mm256_set1_epi32(16);
     const int drop = 23 - mbits;
-    __m256i e = _mm256_srli_epi32(u, 23);
-    __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(u, _mm256_slli_epi32(r16, drop - 16)), drop),
-                                      _mm256_slli_epi32(_mm256_sub_epi32(low, one), mbits));
-    __m256i has_e = _mm256_cmpgt_epi32(e, _mm256_setzero_si256());
-    __m256i sig = _mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffff)),
-                                  _mm256_and_si256(has_e, _mm256_set1_epi32(0x800000)));
-    __m256i sh = _mm256_sub_epi32(_mm256_add_epi32(low, _mm256_set1_epi32(drop)), _mm256_max_epu32(e, one));
-    /* counts over 31 give 0, as q8_encode's sh > 31 (the sum may wrap only then) */
-    __m256i sub = _mm256_srlv_epi32(_mm256_add_epi32(sig, _mm256_sllv_epi32(r16, _mm256_sub_epi32(sh, sixteen))), sh);
-    __m256i code = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(e, _mm256_sub_epi32(low, one)));
+    __m256i base = _mm256_slli_epi32(low, 23);
+    __m256i sub = _mm256_cmpgt_epi32(low, _mm256_srli_epi32(u, 23)); /* all ones under the lowest binade */
+    __m256i lifted = _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(u), _mm256_castsi256_ps(base)));
+    u = _mm256_blendv_epi8(u, lifted, sub);
+    /* (low - 1) << mbits, or low << mbits under the lowest binade (where sub is -1) */
+    __m256i offset = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_sub_epi32(low, _mm256_set1_epi32(1)), sub), mbits);
+    __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(u, _mm256_slli_epi32(r16, drop - 16)), drop), offset);
     return _mm256_min_epu32(code, _mm256_set1_epi32((16 << mbits) - 1));
 }
 
@@ -591,29 +586,28 @@ __attribute__((target("avx2"))) static void adamw8_avx2(const struct consts *c, 
         adamw8_block_scalar(c, a, i, n - i);
 }
 
+/* As q8_decode8_avx2. */
 __attribute__((target("avx512f"))) static inline __m512 q8_decode16_avx512(__m512i code, __m512i low, int mbits)
 {
-    const __m512i one = _mm512_set1_epi32(1);
-    __m512i ce = _mm512_srli_epi32(code, mbits), frac = _mm512_and_si512(code, _mm512_set1_epi32((1 << mbits) - 1));
-    __m512i exp = _mm512_add_epi32(_mm512_max_epu32(ce, one), _mm512_sub_epi32(low, one));
-    __m512 x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(exp, 23), _mm512_slli_epi32(frac, 23 - mbits)));
-    __mmask16 sub = _mm512_cmpeq_epi32_mask(ce, _mm512_setzero_si512());
+    const __m512i step = _mm512_set1_epi32(1 << mbits);
+    __mmask16 sub = _mm512_cmplt_epu32_mask(code, step);
+    __m512i bits = _mm512_add_epi32(code, _mm512_slli_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(1)), mbits));
+    bits = _mm512_mask_add_epi32(bits, sub, bits, step);
+    __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 23 - mbits));
     return _mm512_mask_sub_ps(x, sub, x, _mm512_castsi512_ps(_mm512_slli_epi32(low, 23)));
 }
 
 __attribute__((target("avx512f"))) static inline __m512i q8_encode16_avx512(__m512i u, __m512i low, int mbits,
                                                                            __m512i r16)
 {
-    const __m512i one = _mm512_set1_epi32(1), sixteen = _mm512_set1_epi32(16);
     const int drop = 23 - mbits;
-    __m512i e = _mm512_srli_epi32(u, 23);
-    __m512i normal = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_slli_epi32(r16, drop - 16)), drop),
-                                      _mm512_slli_epi32(_mm512_sub_epi32(low, one), mbits));
-    __m512i frac = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffff));
-    __m512i sig = _mm512_mask_or_epi32(frac, _mm512_test_epi32_mask(e, e), frac, _mm512_set1_epi32(0x800000));
-    __m512i sh = _mm512_sub_epi32(_mm512_add_epi32(low, _mm512_set1_epi32(drop)), _mm512_max_epu32(e, one));
-    __m512i sub = _mm512_srlv_epi32(_mm512_add_epi32(sig, _mm512_sllv_epi32(r16, _mm512_sub_epi32(sh, sixteen))), sh);
-    __m512i code = _mm512_mask_blend_epi32(_mm512_cmpge_epu32_mask(e, low), sub, normal);
+    __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_srli_epi32(u, 23), low); /* under the lowest binade */
+    __m512i base = _mm512_slli_epi32(low, 23);
+    u = _mm512_castps_si512(
+        _mm512_mask_add_ps(_mm512_castsi512_ps(u), sub, _mm512_castsi512_ps(u), _mm512_castsi512_ps(base)));
+    __m512i offset = _mm512_mask_add_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(1)), sub, low, _mm512_setzero_si512());
+    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_slli_epi32(r16, drop - 16)), drop),
+                                    _mm512_slli_epi32(offset, mbits));
     return _mm512_min_epu32(code, _mm512_set1_epi32((16 << mbits) - 1));
 }
 

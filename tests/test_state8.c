@@ -62,8 +62,9 @@ static double ref_value(enum state8_kind kind, uint8_t code, int t)
 }
 
 /* x's code under scale t with the 16 random bits r: below x's lower neighbour in the table, up to
- * the next one when the fraction of the step (in 2^-16) plus r reaches 2^16; values 9 + M binades or
- * more below the lowest normal binade (under 1/256 of the smallest step) give 0; a non-zero sqrt(v)
+ * the next one when the fraction of the step (in 2^-16) plus r reaches 2^16. A value under the lowest
+ * normal binade, 2^(t-141), is rounded as its fp32 sum with 2^(t-141) is, less the 2^M codes below
+ * that binade (the sum's rounding to fp32 is part of the code's definition); a non-zero sqrt(v)
  * gives 1 at least. A non-finite value puts its block at scale 255, where the top binade's codes
  * decode as fp32 would: inf to the code of 2^128 (inf), the quiet NaN to the one with the quiet bit. */
 static uint8_t ref_code(enum state8_kind kind, float x, int t, uint16_t r)
@@ -74,21 +75,17 @@ static uint8_t ref_code(enum state8_kind kind, float x, int t, uint16_t r)
         return (uint8_t)(15 << mb | sign);
     if (isnan(x))
         return (uint8_t)(15 << mb | 1 << (mb - 1) | sign);
-    int e = 1; /* a's biased fp32 exponent; fp32 denormals count as 1 */
-    if (a >= 0x1p-126) {
-        frexp(a, &e);
-        e += 126;
-    }
-    int code = 0;
-    if (e > t - 14 - 9 - mb) {
-        int lo = 0;
-        while (lo < most && ref_magnitude(kind, lo + 1, t) <= a)
-            lo++;
-        double vlo = ref_magnitude(kind, lo, t), vhi = ref_magnitude(kind, lo + 1, t);
-        double fraction = floor((a - vlo) / (vhi - vlo) * 65536.0);
-        code = lo + (fraction + r >= 65536.0);
-    }
-    if (kind == STATE8_V_ROOT && code == 0 && a != 0)
+    float lowest = (float)ldexp(1.0, (t < 15 ? 15 : t) - 141);
+    int below = a < lowest ? 1 << mb : 0;
+    if (below)
+        a = (double)(fabsf(x) + lowest); /* in fp32 */
+    int lo = 0;
+    while (lo < most && ref_magnitude(kind, lo + 1, t) <= a)
+        lo++;
+    double vlo = ref_magnitude(kind, lo, t), vhi = ref_magnitude(kind, lo + 1, t);
+    double fraction = floor((a - vlo) / (vhi - vlo) * 65536.0);
+    int code = lo + (fraction + r >= 65536.0) - below;
+    if (kind == STATE8_V_ROOT && code == 0 && x != 0)
         code = 1;
     return (uint8_t)(code | sign);
 }
