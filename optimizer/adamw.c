@@ -447,7 +447,7 @@ static void adamw8_block_scalar(const struct consts *c, const struct io8 *a, siz
         float pi = a->p[i] * c->decay;
         float mo = state8_value(STATE8_M, a->in.m[i], ms);
         float so = state8_value(STATE8_V_ROOT, a->in.v[i], vs);
-        float vo = so * so; /* exact: so has at most 5 significant bits */
+        float vo = so * so; /* exact (so has at most 5 significant bits) unless it underflows */
         float mi = c->lerp_low ? mo + c->w1 * (gi - mo) : gi - (gi - mo) * (1.0f - c->w1);
         float vi = vo * c->b2 + (c->w2 * gi) * gi;
         float si = sqrtf(vi);
