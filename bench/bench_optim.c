@@ -2,8 +2,8 @@
  * bare and as the optimizer process runs it (each 8192-element block computed in a staging area
  * and copied into place, for crash safety), beside a plain memcpy of the same arrays on the same
  * threads; the journaled update reading bf16 gradients (runtime.grad_dtype = bf16: each block
- * widened first), and with m and v in bf16 (train.optimizer_state = bf16, stochastic rounding);
- * reports bytes touched per second. usage: bench_optim [N_millions=256] [threads=all] */
+ * widened first), with m and v in bf16 (train.optimizer_state = bf16, stochastic rounding), and
+ * in 8 bits (train.optimizer_state = 8bit: codes and block scales); reports bytes touched per second. usage: bench_optim [N_millions=256] [threads=all] */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -18,10 +18,11 @@
 struct job {
     float *p, *m, *v, *g, *dst;
     uint16_t *p16, *g16, *m16, *v16;
+    uint8_t *m8, *v8, *m_scale, *v_scale;
     size_t n;
     int threads, t;
     int what; /* 0 adamw, 1 copy, 2 adamw through a staging block, 3 the same from bf16 gradients,
-               * 4 the same with bf16 m and v */
+               * 4 the same with bf16 m and v, 5 with 8-bit m and v */
     enum adamw_isa isa;
 };
 
@@ -35,7 +36,9 @@ static double now(void)
 static void *run(void *arg)
 {
     struct job *j = arg;
-    size_t b = j->n * (size_t)j->t / (size_t)j->threads, e = j->n * (size_t)(j->t + 1) / (size_t)j->threads;
+    /* ranges start at a multiple of 64 elements: an 8-bit scale block's start */
+    size_t b = j->n * (size_t)j->t / (size_t)j->threads / 64 * 64;
+    size_t e = j->t + 1 == j->threads ? j->n : j->n * (size_t)(j->t + 1) / (size_t)j->threads / 64 * 64;
     struct adamw_step st = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                             .grad_scale = 1.0f, .step = 3};
     if (j->what == 1) {
@@ -54,6 +57,18 @@ static void *run(void *arg)
         if (j->what == 3) {
             g = stage + 3 * 8192;
             bf16_to_f32_n(g, j->g16 + i, n);
+        }
+        if (j->what == 5) {
+            uint8_t *sm8 = (uint8_t *)sm, *sv8 = sm8 + 8192, *sms = sv8 + 8192, *svs = sms + 8192 / 64;
+            st.round_key = adamw_round_key(1234, 3, 0);
+            st.round_first = i;
+            struct state8 in = {j->m8 + i, j->v8 + i, j->m_scale + i / 64, j->v_scale + i / 64};
+            struct state8 out = {sm8, sv8, sms, svs};
+            adamw_update_8bit_to(j->isa, &st, j->p + i, in, g, sp, out, s16, n);
+            memcpy(in.m_scale, sms, (n + 63) / 64);
+            memcpy(in.v_scale, svs, (n + 63) / 64);
+            adamw_store_staged(j->p + i, j->m8 + i, j->v8 + i, j->p16 + i, sp, sm8, sv8, s16, n, 1);
+            continue;
         }
         if (j->what == 4) {
             uint16_t *sm16 = (uint16_t *)sm, *sv16 = sm16 + 8192;
@@ -94,6 +109,7 @@ int main(int argc, char **argv)
     struct job j = {.n = n, .isa = adamw_isa_detect()};
     j.p = malloc(n * 4), j.m = calloc(n, 4), j.v = calloc(n, 4), j.g = malloc(n * 4), j.dst = malloc(n * 4);
     j.p16 = malloc(n * 2), j.g16 = malloc(n * 2), j.m16 = calloc(n, 2), j.v16 = calloc(n, 2);
+    j.m8 = calloc(n, 1), j.v8 = calloc(n, 1), j.m_scale = calloc(n / 64 + 1, 1), j.v_scale = calloc(n / 64 + 1, 1);
     for (size_t i = 0; i < n; i++) {
         j.p[i] = (float)(i % 1000) * 1e-3f;
         j.g[i] = (float)(i % 777) * 1e-4f;
@@ -102,10 +118,12 @@ int main(int argc, char **argv)
         j.g16[i] = f32_to_bf16(j.g[i]);
     }
     double best_adam = 1e30, best_copy = 1e30, best_staged = 1e30, best_bf16 = 1e30, best_state16 = 1e30;
+    double best_state8 = 1e30;
     for (int r = 0; r < 3; r++) {
         double a = timed(&j, threads, 0), c = timed(&j, threads, 1), st = timed(&j, threads, 2);
-        double sb = timed(&j, threads, 3), s16 = timed(&j, threads, 4);
+        double sb = timed(&j, threads, 3), s16 = timed(&j, threads, 4), s8 = timed(&j, threads, 5);
         best_state16 = s16 < best_state16 ? s16 : best_state16;
+        best_state8 = s8 < best_state8 ? s8 : best_state8;
         best_adam = a < best_adam ? a : best_adam;
         best_copy = c < best_copy ? c : best_copy;
         best_staged = st < best_staged ? st : best_staged;
@@ -120,6 +138,7 @@ int main(int argc, char **argv)
     printf("RESULT staged_params_per_s %.4g\n", n / best_staged);
     printf("RESULT staged_bf16_params_per_s %.4g\n", n / best_bf16);
     printf("RESULT staged_bf16_state_params_per_s %.4g\n", n / best_state16);
+    printf("RESULT staged_8bit_state_params_per_s %.4g\n", n / best_state8);
     printf("adamw %.2f G params/s = %.1f GB/s touched; journaled %.2f G params/s = %.1f GB/s; memcpy %.1f GB/s; "
            "ratios %.2f %.2f\n",
            n / best_adam / 1e9, adam_gbs, n / best_staged / 1e9, 30.0 * n / best_staged / 1e9, copy_gbs,
@@ -128,5 +147,8 @@ int main(int argc, char **argv)
            n / best_bf16 / 1e9, 28.0 * n / best_bf16 / 1e9);
     printf("journaled with bf16 m and v %.2f G params/s = %.1f GB/s touched (22 bytes per parameter)\n",
            n / best_state16 / 1e9, 22.0 * n / best_state16 / 1e9);
+    /* 8-bit m and v: 1 byte each read and written, and a scale byte of each per 64 */
+    printf("journaled with 8-bit m and v %.2f G params/s = %.1f GB/s touched (18.06 bytes per parameter)\n",
+           n / best_state8 / 1e9, 18.0625 * n / best_state8 / 1e9);
     return 0;
 }

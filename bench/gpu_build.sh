@@ -62,6 +62,46 @@ cudnn_lib=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(list(m.
 log "built $build ($(grep -c . "$out/build.log") log lines)"
 
 
+# descendants PID: every process under PID. host_bytes PID LOG: host bytes now of the job under PID
+# logging to LOG: its shm objects (named in the launcher's "shared state" line) plus its processes'
+# private and file-backed RSS (shm pages count once).
+descendants() { local p; for p in $(pgrep -P "$1"); do echo "$p"; descendants "$p"; done; }
+host_bytes() {
+    local objs shm rss
+    objs=$(grep -o '/dev/shm/slidedp\.[0-9a-f]*\.' "$2" 2>/dev/null | head -1)
+    shm=$([ -n "$objs" ] && du -cb "$objs"* 2>/dev/null | tail -1 | cut -f1)
+    rss=$(for p in $(descendants "$1"); do
+        awk '/^Rss(Anon|File):/ {s += $2} END {print s}' /proc/$p/status 2>/dev/null; done |
+        awk '{s += $1} END {printf "%d", s * 1024}')
+    echo $((${shm:-0} + ${rss:-0}))
+}
+
+# host_job DIR MODEL STEPS: DIR/job.ini for examples/MODEL on DIR/train.bin, 2 sequences of 4096 per
+# micro-step, clipping, every runtime choice left to the planner; logs and checkpoints in DIR.
+host_job() {
+    cat > "$1/job.ini" <<EOF
+[model]
+path = $root/examples/$2
+init = random
+[data]
+train = $1/train.bin
+seq_len = 4096
+[train]
+micro_batch = 2
+steps = $3
+lr = 1e-5
+weight_decay = 0.1
+grad_clip = 1.0
+[checkpoint]
+dir = $1/ckpt
+save_final = false
+[runtime]
+device = cuda
+[log]
+dir = $1/log
+EOF
+}
+
 # random_tokens FILE N: N random token ids of the Qwen3 vocabulary as an llm.c v7 token file.
 random_tokens() {
     python3 - "$1" "$2" <<'PY'

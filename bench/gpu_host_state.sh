@@ -23,46 +23,10 @@ shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 [ "${shm_free:-0}" -lt 120 ] && mount -o remount,size=126G /dev/shm
 log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); $(free -g | grep Mem); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 random_tokens "$w/train.bin" 2000000
-# job MODEL STEPS: $w/job.ini for examples/MODEL, 2 sequences of 4096 per micro-step, clipping,
-# every runtime choice left to the planner
-job() {
-    cat > "$w/job.ini" <<EOF
-[model]
-path = $root/examples/$1
-init = random
-[data]
-train = $w/train.bin
-seq_len = 4096
-[train]
-micro_batch = 2
-steps = $2
-lr = 1e-5
-weight_decay = 0.1
-grad_clip = 1.0
-[checkpoint]
-dir = $w/ckpt
-save_final = false
-[runtime]
-device = cuda
-[log]
-dir = $w/log
-EOF
-}
+job() { host_job "$w" "$@"; }
 deadline=${DEADLINE:-570}
 left() { local l=$((deadline - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" ${1%_r[0-9]*} "* ]]; }
-descendants() { local p; for p in $(pgrep -P "$1"); do echo "$p"; descendants "$p"; done; }
-# host bytes now of the job under PID logging to LOG: its shm objects (named in the launcher's
-# "shared state" line) plus its processes' private and file-backed RSS (shm pages count once)
-host_bytes() {
-    local objs shm rss
-    objs=$(grep -o '/dev/shm/slidedp\.[0-9a-f]*\.' "$2" 2>/dev/null | head -1)
-    shm=$([ -n "$objs" ] && du -cb "$objs"* 2>/dev/null | tail -1 | cut -f1)
-    rss=$(for p in $(descendants "$1"); do
-        awk '/^Rss(Anon|File):/ {s += $2} END {print s}' /proc/$p/status 2>/dev/null; done |
-        awk '{s += $1} END {printf "%d", s * 1024}')
-    echo $((${shm:-0} + ${rss:-0}))
-}
 : > "$out/issue19.results"
 # ours NAME SECONDS LAUNCH OVERRIDES...: one job, sampled; a line of JSON in issue19.results
 ours() {

@@ -55,7 +55,7 @@ static const struct key_spec key_specs[] = {
     {"train", "eps", K_DOUBLE, OFF(eps), 1e-30, 1, NULL, 0},
     {"train", "grad_clip", K_DOUBLE, OFF(grad_clip), 0, 1e30, NULL, 0},
     {"train", "seed", K_U64, OFF(seed), 0, 0, NULL, 0},
-    {"train", "optimizer_state", K_ENUM, OFF(optimizer_state), 0, 0, "fp32|bf16", 0},
+    {"train", "optimizer_state", K_ENUM, OFF(optimizer_state), 0, 0, "fp32|bf16|8bit", 0},
     {"checkpoint", "dir", K_PATH, OFF(ckpt_dir), 0, 0, NULL, 0},
     {"checkpoint", "every", K_INT, OFF(ckpt_every), 0, INT_MAX, NULL, 0},
     {"checkpoint", "keep", K_INT, OFF(ckpt_keep), 1, 1000000, NULL, 0},

@@ -22,14 +22,14 @@ enum act_policy { ACT_AUTO = 0, ACT_KEEP = 1, ACT_RECOMPUTE = 2, ACT_OFFLOAD = 3
 /* Where the optimizer state lives when several hosts train one job (docs/design.md §11). */
 enum host_state { HOST_STATE_AUTO = 0, HOST_STATE_REPLICATED = 1, HOST_STATE_SHARDED = 2 };
 /* The dtype of Adam's m and v on the host (the master weights stay fp32). */
-enum optimizer_state { OPTIM_STATE_FP32 = 0, OPTIM_STATE_BF16 = 1 };
+enum optimizer_state { OPTIM_STATE_FP32 = 0, OPTIM_STATE_BF16 = 1, OPTIM_STATE_8BIT = 2, OPTIM_STATE_COUNT };
 /* Where workers take the weights they compute with: a bf16 copy the optimizers keep (params16), or
  * the fp32 master itself, rounded to bf16 on the device (docs/design.md §4.3). */
 enum weights_source { WEIGHTS_AUTO = 0, WEIGHTS_BF16_COPY = 1, WEIGHTS_MASTER = 2 };
 /* Its job.ini spelling. */
 static inline const char *optimizer_state_name(enum optimizer_state s)
 {
-    return s == OPTIM_STATE_BF16 ? "bf16" : "fp32";
+    return s == OPTIM_STATE_8BIT ? "8bit" : s == OPTIM_STATE_BF16 ? "bf16" : "fp32";
 }
 
 struct job_config {
@@ -60,7 +60,7 @@ struct job_config {
     double beta1, beta2, eps;
     double grad_clip;
     uint64_t seed;
-    enum optimizer_state optimizer_state; /* bf16: m and v stored in bf16, rounded stochastically */
+    enum optimizer_state optimizer_state; /* m and v in bf16 or 8 bits, rounded stochastically */
 
     /* [checkpoint] */
     char ckpt_dir[JOB_PATH_MAX];

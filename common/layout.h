@@ -34,6 +34,9 @@ enum tensor_kind {
 #define LAYOUT_NAME_MAX 96
 /* Tensor offsets are aligned to this many elements (256 bytes of fp32) for SIMD and DMA. */
 #define LAYOUT_TENSOR_ALIGN 64
+/* 8-bit optimizer state: elements sharing one scale byte ([train] optimizer_state = 8bit); the
+ * tensor alignment, so no block straddles two tensors and block b's scale is at offset / 64. */
+#define STATE8_BLOCK LAYOUT_TENSOR_ALIGN
 /* Chunk offsets are aligned to this many elements (one 4 KiB page of bf16, two of fp32). */
 #define LAYOUT_CHUNK_ALIGN 2048
 

@@ -1,6 +1,7 @@
 /* Disk checkpoints <checkpoint.dir>/step-S/: the HF export of the weights, optimizer.safetensors
  * (fp32 master weights, Adam m and v under "master.", "exp_avg.", "exp_avg_sq." + HF name; m and v
- * in the job's optimizer_state dtype) and trainer_state.json (step, seed, data position,
+ * in the job's optimizer_state dtype; with 8-bit state the codes of m and of sqrt(v) as U8, and
+ * their block scales under "exp_avg_scale.", "exp_avg_sq_scale.") and trainer_state.json (step, seed, data position,
  * optimizer_state). Written to a temporary directory and renamed into place; the newest `keep` are
  * kept. Resuming loads them back bit for bit, and only under the same optimizer_state. */
 #include "launch.h"
@@ -19,33 +20,40 @@
 #include "common/hf.h"
 #include "common/safetensors.h"
 
-static const char *const state_prefix[3] = {"master.", "exp_avg.", "exp_avg_sq."};
+#define STATE_ARRAYS 5
+static const char *const state_prefix[STATE_ARRAYS] = {"master.", "exp_avg.", "exp_avg_sq.", "exp_avg_scale.",
+                                                        "exp_avg_sq_scale."};
 
-/* The three arrays of the optimizer state in the job's shared memory, with their dtype. */
-struct state_arrays {
-    void *data[3];
-    enum st_dtype dtype[3];
-    size_t elem_size[3];
-};
-
-/* The dtype of state array k (master, m, v) under the job's optimizer_state. */
-static enum st_dtype state_dtype(const struct job_config *job, int k)
+/* The number of state arrays of the job's optimizer_state: master, m, v, and with 8-bit state the
+ * scales of m and of v. */
+static int state_arrays(const struct job_config *job)
 {
-    return k > 0 && job->optimizer_state == OPTIM_STATE_BF16 ? ST_BF16 : ST_F32;
+    return job->optimizer_state == OPTIM_STATE_8BIT ? 5 : 3;
 }
 
-static struct state_arrays state_arrays_of(const struct job_state *st)
+/* The dtype of state array k under the job's optimizer_state. */
+static enum st_dtype state_dtype(const struct job_config *job, int k)
 {
-    bool half = st->job.optimizer_state == OPTIM_STATE_BF16;
-    struct state_arrays a = {
-        .data = {st->shm.master, half ? (void *)st->shm.exp_avg16 : (void *)st->shm.exp_avg,
-                 half ? (void *)st->shm.exp_avg_sq16 : (void *)st->shm.exp_avg_sq},
-    };
-    for (int k = 0; k < 3; k++) {
-        a.dtype[k] = state_dtype(&st->job, k);
-        a.elem_size[k] = st_dtype_size(a.dtype[k]);
-    }
-    return a;
+    enum st_dtype m_v[OPTIM_STATE_COUNT] = {ST_F32, ST_BF16, ST_U8};
+    return k == 0 ? ST_F32 : k > 2 ? ST_U8 : m_v[job->optimizer_state];
+}
+
+/* Elements of array k for tensor td: its scales are one per STATE8_BLOCK. */
+static int64_t state_numel(int k, const struct tensor_desc *td)
+{
+    return k > 2 ? (td->numel + STATE8_BLOCK - 1) / STATE8_BLOCK : td->numel;
+}
+
+/* Where array k of tensor td is in the job's shared memory (tensors start at a scale block). */
+static char *state_at(const struct job_state *st, int k, const struct tensor_desc *td)
+{
+    const struct job_shm *s = &st->shm;
+    enum optimizer_state mode = st->job.optimizer_state;
+    void *m_of[OPTIM_STATE_COUNT] = {s->exp_avg, s->exp_avg16, s->exp_avg8};
+    void *v_of[OPTIM_STATE_COUNT] = {s->exp_avg_sq, s->exp_avg_sq16, s->exp_avg_sq8};
+    void *base[STATE_ARRAYS] = {s->master, m_of[mode], v_of[mode], s->exp_avg_scale, s->exp_avg_sq_scale};
+    int64_t first = k > 2 ? td->offset / STATE8_BLOCK : td->offset;
+    return (char *)base[k] + (size_t)first * st_dtype_size(state_dtype(&st->job, k));
 }
 
 struct emit_raw {
@@ -61,7 +69,7 @@ static int emit_raw(void *arg, FILE *f, size_t nbytes)
 static int write_optimizer_state(const struct job_state *st, const char *path)
 {
     const struct layout *lay = &st->lay;
-    int n = lay->num_tensors * 3;
+    int n = lay->num_tensors * state_arrays(&st->job);
     struct st_out_tensor *outs = calloc((size_t)n, sizeof *outs);
     struct emit_raw *args = calloc((size_t)n, sizeof *args);
     char (*names)[ST_NAME_MAX] = calloc((size_t)n, ST_NAME_MAX);
@@ -69,16 +77,16 @@ static int write_optimizer_state(const struct job_state *st, const char *path)
         free(outs), free(args), free(names);
         return sd_err("out of memory");
     }
-    struct state_arrays arrays = state_arrays_of(st);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < state_arrays(&st->job); k++)
         for (int t = 0; t < lay->num_tensors; t++) {
             int i = k * lay->num_tensors + t;
             const struct tensor_desc *td = &lay->tensors[t];
             snprintf(names[i], ST_NAME_MAX, "%s%s", state_prefix[k], td->name);
-            args[i].data = (const char *)arrays.data[k] + (size_t)td->offset * arrays.elem_size[k];
-            outs[i] = (struct st_out_tensor){.name = names[i], .dtype = arrays.dtype[k], .ndim = td->ndim,
-                                             .emit = emit_raw, .arg = &args[i]};
-            outs[i].shape[0] = td->shape[0];
+            args[i].data = state_at(st, k, td);
+            bool scales = k > 2; /* one dimension: a scale per block of the flattened tensor */
+            outs[i] = (struct st_out_tensor){.name = names[i], .dtype = state_dtype(&st->job, k),
+                                             .ndim = scales ? 1 : td->ndim, .emit = emit_raw, .arg = &args[i]};
+            outs[i].shape[0] = scales ? state_numel(k, td) : td->shape[0];
             outs[i].shape[1] = td->shape[1];
         }
     int rc = st_write(path, n, outs);
@@ -219,7 +227,7 @@ static const struct st_tensor *state_tensor(const struct st_file *f, const struc
     snprintf(name, sizeof name, "%s%s", state_prefix[k], td->name);
     const struct st_tensor *x = st_find(f, name);
     enum st_dtype want = state_dtype(job, k);
-    if (!x || x->dtype != want || x->numel != td->numel) {
+    if (!x || x->dtype != want || x->numel != state_numel(k, td)) {
         sd_err("%s: tensor %s %s", path, name,
                !x ? "is missing" : x->dtype != want ? "has another dtype" : "has another number of elements");
         return NULL;
@@ -240,7 +248,7 @@ int checkpoint_check(const struct job_state *st, uint32_t step)
     struct st_file f;
     int rc = st_open(path, &f);
     if (rc == 0) {
-        for (int k = 0; k < 3 && rc == 0; k++)
+        for (int k = 0; k < state_arrays(job) && rc == 0; k++)
             for (int t = 0; t < st->lay.num_tensors && rc == 0; t++)
                 rc = state_tensor(&f, job, k, &st->lay.tensors[t], path) ? 0 : -1;
         st_close(&f);
@@ -279,17 +287,16 @@ int checkpoint_load(struct job_state *st, uint32_t step)
     struct st_file f;
     if (st_open(path, &f) != 0)
         return -1;
-    struct state_arrays arrays = state_arrays_of(st);
     int rc = 0;
-    for (int k = 0; k < 3 && rc == 0; k++)
+    for (int k = 0; k < state_arrays(&st->job) && rc == 0; k++)
         for (int t = 0; t < st->lay.num_tensors && rc == 0; t++) {
             const struct tensor_desc *td = &st->lay.tensors[t];
             const struct st_tensor *x = state_tensor(&f, &st->job, k, td, path);
             if (!x)
                 rc = -1;
             else
-                memcpy((char *)arrays.data[k] + (size_t)td->offset * arrays.elem_size[k], x->data,
-                       (size_t)td->numel * arrays.elem_size[k]);
+                memcpy(state_at(st, k, td), x->data,
+                       (size_t)state_numel(k, td) * st_dtype_size(state_dtype(&st->job, k)));
         }
     st_close(&f);
     return rc;

@@ -338,6 +338,370 @@ void adamw_update(enum adamw_isa isa, const struct adamw_step *s, float *p, floa
     adamw_update_to(isa, s, p, m, v, g, p, m, v, p16, n);
 }
 
+/* ---- 8-bit state (adamw.h, docs/design.md §9.6) ----
+ * A code's value under scale T (L = T - 14 the biased exponent of the lowest normal binade, M the
+ * mantissa bits): exponent field ce = code >> M, fraction f = code & (2^M - 1); ce > 0: (1 + f/2^M)
+ * * 2^(ce + L - 1 - 127); ce = 0: f/2^M * 2^(L - 127). Encoding rounds the fp32 bits of |x| to M
+ * mantissa bits in integer arithmetic (the same on every path), adding the random bits below the
+ * kept ones to the whole word (a carry moves into the exponent, as it should). A value under the
+ * lowest normal binade, 2^(L-127), is first added to 2^(L-127) in fp32 (one IEEE addition, the
+ * same on every path): the sum lies in that binade, and its code less 2^M is the subnormal code. */
+
+enum { Q8_M_BITS = 3, Q8_V_BITS = 4 };
+
+static inline float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline int q8_bits(enum state8_kind kind)
+{
+    return kind == STATE8_M ? Q8_M_BITS : Q8_V_BITS;
+}
+
+/* The scale of a block whose largest magnitude has fp32 bits max_bits: one binade above it (so no
+ * rounding can overflow), at least 15 (so L >= 1), at most 255. */
+static inline uint32_t q8_scale_of(uint32_t max_bits)
+{
+    uint32_t t = (max_bits >> 23) + 1;
+    return t < 15 ? 15 : t > 255 ? 255 : t;
+}
+
+/* A stored scale as decoding reads it: fresh state is zero-filled (all codes 0, value 0). */
+static inline uint32_t q8_scale_at(uint8_t scale)
+{
+    return scale < 15 ? 15 : scale;
+}
+
+/* The magnitude code of fp32 bits u (sign cleared) under scale t, rounded with r16. */
+static inline uint32_t q8_encode(uint32_t u, uint32_t t, int mbits, uint32_t r16)
+{
+    uint32_t low = t - 14, drop = 23 - (uint32_t)mbits, sub = (u >> 23) < low;
+    if (sub)
+        u = f32_bits(f32_from_bits(u) + f32_from_bits(low << 23));
+    uint32_t code = ((u + (r16 << (drop - 16))) >> drop) - ((low - 1 + sub) << mbits);
+    uint32_t most = (16u << mbits) - 1; /* only inf or NaN get past it */
+    return code < most ? code : most;
+}
+
+static inline float q8_decode(uint32_t code, uint32_t t, int mbits)
+{
+    uint32_t low = t - 14, ce = code >> mbits, frac = code & ((1u << mbits) - 1);
+    float x = f32_from_bits((((ce ? ce : 1) + low - 1) << 23) | (frac << (23 - mbits)));
+    return ce ? x : x - f32_from_bits(low << 23); /* exact: both in one binade */
+}
+
+uint8_t state8_quantize(enum state8_kind kind, const float *x, size_t n, const uint16_t *r16, uint8_t *codes)
+{
+    uint32_t most = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = f32_bits(x[i]) & 0x7fffffffu;
+        most = u > most ? u : most;
+    }
+    uint32_t t = q8_scale_of(most);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = f32_bits(x[i]), a = u & 0x7fffffffu, c = q8_encode(a, t, q8_bits(kind), r16[i]);
+        codes[i] = (uint8_t)(kind == STATE8_M ? c | (u >> 24 & 0x80) : c < (a != 0) ? 1 : c);
+    }
+    return (uint8_t)t;
+}
+
+float state8_value(enum state8_kind kind, uint8_t code, uint8_t scale)
+{
+    uint32_t t = q8_scale_at(scale);
+    if (kind == STATE8_V_ROOT)
+        return q8_decode(code, t, Q8_V_BITS);
+    float mag = q8_decode(code & 0x7fu, t, Q8_M_BITS);
+    return code & 0x80 ? -mag : mag;
+}
+
+/* The 32 random bits of element i: half of draw i / 2 (the low half for even i), so one 64-bit mix
+ * serves two elements. */
+static inline uint32_t q8_draw(uint64_t key, uint64_t i)
+{
+    return (uint32_t)(splitmix64_at(key, i >> 1) >> (i & 1 ? 32 : 0));
+}
+
+/* Arrays of an 8-bit update: in (may alias out), out, and the rounding stream. */
+struct io8 {
+    const float *p, *g;
+    float *po;
+    uint16_t *p16;
+    struct state8 in, out;
+    uint64_t round_key, round_first;
+};
+
+/* Elements [i0, i0 + n) of one block (n <= STATE8_BLOCK), scalar: every path's reference and every
+ * path's partial last block. */
+static void adamw8_block_scalar(const struct consts *c, const struct io8 *a, size_t i0, size_t n)
+{
+    float mnew[STATE8_BLOCK], snew[STATE8_BLOCK];
+    uint16_t rm[STATE8_BLOCK], rv[STATE8_BLOCK];
+    size_t b = i0 / STATE8_BLOCK;
+    uint8_t ms = a->in.m_scale[b], vs = a->in.v_scale[b];
+    for (size_t k = 0; k < n; k++) {
+        size_t i = i0 + k;
+        float gi = a->g[i] * c->gscale;
+        float pi = a->p[i] * c->decay;
+        float mo = state8_value(STATE8_M, a->in.m[i], ms);
+        float so = state8_value(STATE8_V_ROOT, a->in.v[i], vs);
+        float vo = so * so; /* exact (so has at most 5 significant bits) unless it underflows */
+        float mi = c->lerp_low ? mo + c->w1 * (gi - mo) : gi - (gi - mo) * (1.0f - c->w1);
+        float vi = vo * c->b2 + (c->w2 * gi) * gi;
+        float si = sqrtf(vi);
+        float denom = si / c->bc2_sqrt + c->eps;
+        pi = pi + c->neg_step * (mi / denom);
+        a->po[i] = pi;
+        a->p16[i] = f32_to_bf16(pi);
+        mnew[k] = mi;
+        snew[k] = si;
+        uint32_t r = q8_draw(a->round_key, a->round_first + i);
+        rm[k] = (uint16_t)r;
+        rv[k] = (uint16_t)(r >> 16);
+    }
+    a->out.m_scale[b] = state8_quantize(STATE8_M, mnew, n, rm, a->out.m + i0);
+    a->out.v_scale[b] = state8_quantize(STATE8_V_ROOT, snew, n, rv, a->out.v + i0);
+}
+
+static void adamw8_scalar(const struct consts *c, const struct io8 *a, size_t n)
+{
+    for (size_t i = 0; i < n; i += STATE8_BLOCK)
+        adamw8_block_scalar(c, a, i, n - i < STATE8_BLOCK ? n - i : STATE8_BLOCK);
+}
+
+/* q8_decode of 8 codes (32-bit lanes); low = t - 14 in every lane. A code c with ce > 0 has the
+ * bits (c + ((low - 1) << mbits)) << (23 - mbits); a subnormal one is that of c + 2^mbits (in the
+ * lowest binade) less 2^(low - 127). */
+__attribute__((target("avx2"))) static inline __m256 q8_decode8_avx2(__m256i code, __m256i low, int mbits)
+{
+    const __m256i step = _mm256_set1_epi32(1 << mbits);
+    __m256i sub = _mm256_cmpgt_epi32(step, code);
+    __m256i offset = _mm256_slli_epi32(_mm256_sub_epi32(low, _mm256_set1_epi32(1)), mbits);
+    __m256i bits = _mm256_add_epi32(_mm256_add_epi32(code, offset), _mm256_and_si256(sub, step));
+    __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23 - mbits));
+    return _mm256_sub_ps(x, _mm256_castsi256_ps(_mm256_and_si256(sub, _mm256_slli_epi32(low, 23)))); /* x - 0 = x */
+}
+
+/* q8_encode of 8 magnitudes' bits u; low = t - 14 in every lane. */
+__attribute__((target("avx2"))) static inline __m256i q8_encode8_avx2(__m256i u, __m256i low, int mbits, __m256i r16)
+{
+    const int drop = 23 - mbits;
+    __m256i base = _mm256_slli_epi32(low, 23);
+    __m256i sub = _mm256_cmpgt_epi32(low, _mm256_srli_epi32(u, 23)); /* all ones under the lowest binade */
+    __m256i lifted = _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(u), _mm256_castsi256_ps(base)));
+    u = _mm256_blendv_epi8(u, lifted, sub);
+    /* (low - 1) << mbits, or low << mbits under the lowest binade (where sub is -1) */
+    __m256i offset = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_sub_epi32(low, _mm256_set1_epi32(1)), sub), mbits);
+    __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(u, _mm256_slli_epi32(r16, drop - 16)), drop), offset);
+    return _mm256_min_epu32(code, _mm256_set1_epi32((16 << mbits) - 1));
+}
+
+__attribute__((target("avx2"))) static inline uint32_t hmax8_avx2(__m256i x)
+{
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xb1));
+    return (uint32_t)_mm_cvtsi128_si32(m);
+}
+
+/* The low byte of each 32-bit lane, to 8 bytes at out. */
+__attribute__((target("avx2"))) static inline void store_bytes8_avx2(uint8_t *out, __m256i x)
+{
+    __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storel_epi64((__m128i *)out, _mm_packus_epi16(w, w));
+}
+
+__attribute__((target("avx2"))) static inline __m256i load_bytes8_avx2(const uint8_t *x)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)x));
+}
+
+/* q8_draw of elements first .. first+7 (first even): 4 draws, their halves in order. */
+__attribute__((target("avx2"))) static inline __m256i q8_draws8_avx2(uint64_t key, uint64_t first)
+{
+    const uint64_t g = SPLITMIX64_GAMMA;
+    const __m256i steps = _mm256_setr_epi64x(0, (long long)g, (long long)(2 * g), (long long)(3 * g));
+    return mix64_avx2(_mm256_add_epi64(_mm256_set1_epi64x((long long)(key + ((first >> 1) + 1) * g)), steps));
+}
+
+__attribute__((target("avx2"))) static void adamw8_avx2(const struct consts *c, const struct io8 *a, size_t n)
+{
+    enum { V = STATE8_BLOCK / 8 };
+    const __m256 gscale = _mm256_set1_ps(c->gscale), decay = _mm256_set1_ps(c->decay), w1 = _mm256_set1_ps(c->w1),
+                 one_w1 = _mm256_set1_ps(1.0f - c->w1), b2 = _mm256_set1_ps(c->b2), w2 = _mm256_set1_ps(c->w2),
+                 bc2s = _mm256_set1_ps(c->bc2_sqrt), neg_step = _mm256_set1_ps(c->neg_step),
+                 eps = _mm256_set1_ps(c->eps);
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), low7 = _mm256_set1_epi32(0x7f), low16 = _mm256_set1_epi32(0xffff),
+                  one = _mm256_set1_epi32(1), fourteen = _mm256_set1_epi32(14);
+    size_t i = 0;
+    for (; i + STATE8_BLOCK <= n; i += STATE8_BLOCK) {
+        size_t b = i / STATE8_BLOCK;
+        __m256i mlow = _mm256_set1_epi32((int)q8_scale_at(a->in.m_scale[b]) - 14);
+        __m256i vlow = _mm256_set1_epi32((int)q8_scale_at(a->in.v_scale[b]) - 14);
+        __m256 mnew[V], snew[V];
+        __m256i mmax = _mm256_setzero_si256(), smax = _mm256_setzero_si256();
+        for (int k = 0; k < V; k++) {
+            size_t j = i + 8 * (size_t)k;
+            __m256i mc = load_bytes8_avx2(a->in.m + j);
+            __m256 mo = _mm256_castsi256_ps(
+                _mm256_or_si256(_mm256_castps_si256(q8_decode8_avx2(_mm256_and_si256(mc, low7), mlow, Q8_M_BITS)),
+                                _mm256_slli_epi32(_mm256_srli_epi32(mc, 7), 31)));
+            __m256 so = q8_decode8_avx2(load_bytes8_avx2(a->in.v + j), vlow, Q8_V_BITS);
+            __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(a->g + j), gscale);
+            __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(a->p + j), decay);
+            __m256 mi = c->lerp_low ? _mm256_add_ps(mo, _mm256_mul_ps(w1, _mm256_sub_ps(gi, mo)))
+                                    : _mm256_sub_ps(gi, _mm256_mul_ps(_mm256_sub_ps(gi, mo), one_w1));
+            __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(so, so), b2), _mm256_mul_ps(_mm256_mul_ps(w2, gi), gi));
+            __m256 si = _mm256_sqrt_ps(vi);
+            __m256 denom = _mm256_add_ps(_mm256_div_ps(si, bc2s), eps);
+            pi = _mm256_add_ps(pi, _mm256_mul_ps(neg_step, _mm256_div_ps(mi, denom)));
+            _mm256_storeu_ps(a->po + j, pi);
+            _mm_storeu_si128((__m128i *)(a->p16 + j), bf16_pack8_avx2(pi));
+            mnew[k] = mi;
+            snew[k] = si;
+            mmax = _mm256_max_epu32(mmax, _mm256_and_si256(_mm256_castps_si256(mi), abs));
+            smax = _mm256_max_epu32(smax, _mm256_and_si256(_mm256_castps_si256(si), abs));
+        }
+        uint32_t mt = q8_scale_of(hmax8_avx2(mmax)), vt = q8_scale_of(hmax8_avx2(smax));
+        a->out.m_scale[b] = (uint8_t)mt;
+        a->out.v_scale[b] = (uint8_t)vt;
+        mlow = _mm256_sub_epi32(_mm256_set1_epi32((int)mt), fourteen);
+        vlow = _mm256_sub_epi32(_mm256_set1_epi32((int)vt), fourteen);
+        for (int k = 0; k < V; k++) {
+            size_t j = i + 8 * (size_t)k;
+            __m256i r = q8_draws8_avx2(a->round_key, a->round_first + j);
+            __m256i mu = _mm256_castps_si256(mnew[k]), su = _mm256_and_si256(_mm256_castps_si256(snew[k]), abs);
+            __m256i mcode = q8_encode8_avx2(_mm256_and_si256(mu, abs), mlow, Q8_M_BITS, _mm256_and_si256(r, low16));
+            mcode = _mm256_or_si256(mcode, _mm256_slli_epi32(_mm256_srli_epi32(mu, 31), 7));
+            __m256i vcode = q8_encode8_avx2(su, vlow, Q8_V_BITS, _mm256_srli_epi32(r, 16));
+            /* a non-zero sqrt(v) keeps code 1 at least */
+            vcode = _mm256_max_epu32(vcode, _mm256_andnot_si256(_mm256_cmpeq_epi32(su, _mm256_setzero_si256()), one));
+            store_bytes8_avx2(a->out.m + j, mcode);
+            store_bytes8_avx2(a->out.v + j, vcode);
+        }
+    }
+    if (i < n)
+        adamw8_block_scalar(c, a, i, n - i);
+}
+
+/* As q8_decode8_avx2. */
+__attribute__((target("avx512f"))) static inline __m512 q8_decode16_avx512(__m512i code, __m512i low, int mbits)
+{
+    const __m512i step = _mm512_set1_epi32(1 << mbits);
+    __mmask16 sub = _mm512_cmplt_epu32_mask(code, step);
+    __m512i bits = _mm512_add_epi32(code, _mm512_slli_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(1)), mbits));
+    bits = _mm512_mask_add_epi32(bits, sub, bits, step);
+    __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 23 - mbits));
+    return _mm512_mask_sub_ps(x, sub, x, _mm512_castsi512_ps(_mm512_slli_epi32(low, 23)));
+}
+
+__attribute__((target("avx512f"))) static inline __m512i q8_encode16_avx512(__m512i u, __m512i low, int mbits,
+                                                                           __m512i r16)
+{
+    const int drop = 23 - mbits;
+    __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_srli_epi32(u, 23), low); /* under the lowest binade */
+    __m512i base = _mm512_slli_epi32(low, 23);
+    u = _mm512_castps_si512(
+        _mm512_mask_add_ps(_mm512_castsi512_ps(u), sub, _mm512_castsi512_ps(u), _mm512_castsi512_ps(base)));
+    __m512i offset = _mm512_mask_add_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(1)), sub, low, _mm512_setzero_si512());
+    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_slli_epi32(r16, drop - 16)), drop),
+                                    _mm512_slli_epi32(offset, mbits));
+    return _mm512_min_epu32(code, _mm512_set1_epi32((16 << mbits) - 1));
+}
+
+/* q8_draw of elements first .. first+15 (first even): 8 draws, their halves in order. */
+__attribute__((target("avx512f"))) static inline __m512i q8_draws16_avx512(uint64_t key, uint64_t first)
+{
+    const uint64_t g = SPLITMIX64_GAMMA;
+    const __m512i steps = _mm512_setr_epi64(0, (long long)g, (long long)(2 * g), (long long)(3 * g), (long long)(4 * g),
+                                            (long long)(5 * g), (long long)(6 * g), (long long)(7 * g));
+    return mix64_avx512(_mm512_add_epi64(_mm512_set1_epi64((long long)(key + ((first >> 1) + 1) * g)), steps));
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void adamw8_avx512(const struct consts *c, const struct io8 *a,
+                                                                      size_t n)
+{
+    enum { V = STATE8_BLOCK / 16 };
+    const __m512 gscale = _mm512_set1_ps(c->gscale), decay = _mm512_set1_ps(c->decay), w1 = _mm512_set1_ps(c->w1),
+                 one_w1 = _mm512_set1_ps(1.0f - c->w1), b2 = _mm512_set1_ps(c->b2), w2 = _mm512_set1_ps(c->w2),
+                 bc2s = _mm512_set1_ps(c->bc2_sqrt), neg_step = _mm512_set1_ps(c->neg_step),
+                 eps = _mm512_set1_ps(c->eps);
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), low7 = _mm512_set1_epi32(0x7f),
+                  low16 = _mm512_set1_epi32(0xffff), one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
+                  fourteen = _mm512_set1_epi32(14);
+    size_t i = 0;
+    for (; i + STATE8_BLOCK <= n; i += STATE8_BLOCK) {
+        size_t b = i / STATE8_BLOCK;
+        __m512i mlow = _mm512_set1_epi32((int)q8_scale_at(a->in.m_scale[b]) - 14);
+        __m512i vlow = _mm512_set1_epi32((int)q8_scale_at(a->in.v_scale[b]) - 14);
+        __m512 mnew[V], snew[V];
+        __m512i mmax = _mm512_setzero_si512(), smax = _mm512_setzero_si512();
+        for (int k = 0; k < V; k++) {
+            size_t j = i + 16 * (size_t)k;
+            __m512i mc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a->in.m + j)));
+            __m512 mo = _mm512_castsi512_ps(
+                _mm512_or_si512(_mm512_castps_si512(q8_decode16_avx512(_mm512_and_si512(mc, low7), mlow, Q8_M_BITS)),
+                                _mm512_slli_epi32(_mm512_srli_epi32(mc, 7), 31)));
+            __m512 so = q8_decode16_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a->in.v + j))), vlow,
+                                           Q8_V_BITS);
+            __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(a->g + j), gscale);
+            __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(a->p + j), decay);
+            __m512 mi = c->lerp_low ? _mm512_add_ps(mo, _mm512_mul_ps(w1, _mm512_sub_ps(gi, mo)))
+                                    : _mm512_sub_ps(gi, _mm512_mul_ps(_mm512_sub_ps(gi, mo), one_w1));
+            __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(so, so), b2), _mm512_mul_ps(_mm512_mul_ps(w2, gi), gi));
+            __m512 si = _mm512_sqrt_ps(vi);
+            __m512 denom = _mm512_add_ps(_mm512_div_ps(si, bc2s), eps);
+            pi = _mm512_add_ps(pi, _mm512_mul_ps(neg_step, _mm512_div_ps(mi, denom)));
+            _mm512_storeu_ps(a->po + j, pi);
+            __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(pi), 16), one);
+            _mm256_storeu_si256((__m256i *)(a->p16 + j), bf16_pack16_add_avx512(pi, _mm512_add_epi32(bias, lsb)));
+            mnew[k] = mi;
+            snew[k] = si;
+            mmax = _mm512_max_epu32(mmax, _mm512_and_si512(_mm512_castps_si512(mi), abs));
+            smax = _mm512_max_epu32(smax, _mm512_and_si512(_mm512_castps_si512(si), abs));
+        }
+        uint32_t mt = q8_scale_of(_mm512_reduce_max_epu32(mmax)), vt = q8_scale_of(_mm512_reduce_max_epu32(smax));
+        a->out.m_scale[b] = (uint8_t)mt;
+        a->out.v_scale[b] = (uint8_t)vt;
+        mlow = _mm512_sub_epi32(_mm512_set1_epi32((int)mt), fourteen);
+        vlow = _mm512_sub_epi32(_mm512_set1_epi32((int)vt), fourteen);
+        for (int k = 0; k < V; k++) {
+            size_t j = i + 16 * (size_t)k;
+            __m512i r = q8_draws16_avx512(a->round_key, a->round_first + j);
+            __m512i mu = _mm512_castps_si512(mnew[k]), su = _mm512_and_si512(_mm512_castps_si512(snew[k]), abs);
+            __m512i mcode = q8_encode16_avx512(_mm512_and_si512(mu, abs), mlow, Q8_M_BITS, _mm512_and_si512(r, low16));
+            mcode = _mm512_or_si512(mcode, _mm512_slli_epi32(_mm512_srli_epi32(mu, 31), 7));
+            __m512i vcode = q8_encode16_avx512(su, vlow, Q8_V_BITS, _mm512_srli_epi32(r, 16));
+            /* a non-zero sqrt(v) keeps code 1 at least */
+            vcode = _mm512_mask_max_epu32(vcode, _mm512_test_epi32_mask(su, su), vcode, one);
+            _mm_storeu_si128((__m128i *)(a->out.m + j), _mm512_cvtepi32_epi8(mcode));
+            _mm_storeu_si128((__m128i *)(a->out.v + j), _mm512_cvtepi32_epi8(vcode));
+        }
+    }
+    if (i < n)
+        adamw8_block_scalar(c, a, i, n - i);
+}
+
+void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, struct state8 in,
+                          const float *g, float *p_out, struct state8 out, uint16_t *p16, size_t n)
+{
+    struct consts c = consts_of(s);
+    struct io8 a = {.p = p, .g = g, .po = p_out, .p16 = p16, .in = in, .out = out, .round_key = s->round_key,
+                    .round_first = s->round_first};
+    switch (isa) {
+    case ADAMW_AVX512:
+        adamw8_avx512(&c, &a, n);
+        break;
+    case ADAMW_AVX2:
+        adamw8_avx2(&c, &a, n);
+        break;
+    default:
+        adamw8_scalar(&c, &a, n);
+    }
+}
+
 #define SUMSQ_BLOCK 4096
 
 /* One block's sum of squares: element i goes to double lane i % 8 (square, then add), and the 8

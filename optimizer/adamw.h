@@ -1,6 +1,6 @@
 /* AdamW over a contiguous range of fp32 master weights, with the bf16 compute copy written in the
  * same pass (torch.optim.AdamW semantics: decoupled decay, bias-corrected moments, eps added to
- * sqrt(v_hat)), with m and v in fp32 or in bf16. Implementations for AVX-512, AVX2 and scalar are
+ * sqrt(v_hat)), with m and v in fp32, in bf16 or in 8 bits. Implementations for AVX-512, AVX2 and scalar are
  * chosen at run time by CPUID; all give bit-identical results (the vector paths do exactly the
  * scalar path's fp32 operations and the same integer rounding). */
 #ifndef SD_ADAMW_H
@@ -8,6 +8,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/layout.h" /* STATE8_BLOCK */
 
 struct adamw_step {
     float lr;           /* learning rate of this update */
@@ -46,6 +48,33 @@ void adamw_update_bf16_to(enum adamw_isa isa, const struct adamw_step *s, const 
  * depend on the layout either. */
 uint64_t adamw_round_key(uint64_t seed, uint32_t step, uint32_t tensor);
 
+/* 8-bit state ([train] optimizer_state = 8bit, docs/design.md §9.6): m and sqrt(v) as one byte per
+ * element and one scale byte per STATE8_BLOCK elements. A scale is a power of two (a biased fp32
+ * exponent T: the block's largest magnitude is below 2^(T-127)); a code is a small float below it:
+ * m as sign + 4 exponent + 3 mantissa bits, sqrt(v) as 4 exponent + 4 mantissa bits, 15 binades
+ * below 2^(T-127) and a subnormal step under them. Codes are rounded stochastically with 16 random
+ * bits, and a non-zero sqrt(v) never rounds to 0 (m over a zero denominator would be m/eps). */
+enum state8_kind { STATE8_M = 0, STATE8_V_ROOT = 1 };
+
+/* Codes of x[0..n) (n <= STATE8_BLOCK, one block), element i rounded with r16[i]; returns the
+ * block's scale. */
+uint8_t state8_quantize(enum state8_kind kind, const float *x, size_t n, const uint16_t *r16, uint8_t *codes);
+/* The value a code stands for under a block's scale (exact). */
+float state8_value(enum state8_kind kind, uint8_t code, uint8_t scale);
+
+/* m and v of a range in 8-bit state: codes per element, scales per block. */
+struct state8 {
+    uint8_t *m, *v, *m_scale, *v_scale;
+};
+
+/* The AdamW update with 8-bit m and v: decoded (exact), the update computed in fp32 exactly as
+ * adamw_update_to, the new m and sqrt(v) quantized per block; element i is rounded with 32 bits of
+ * SplitMix64 seeded with s->round_key (bits 0-15 m, bits 16-31 v): with j = s->round_first + i, the
+ * low half of draw j/2 for even j, the high half for odd j. s->round_first is even. p and the arrays start at a block's
+ * first element; n need not be a multiple of STATE8_BLOCK (the last block is partial). */
+void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, struct state8 in,
+                          const float *g, float *p_out, struct state8 out, uint16_t *p16, size_t n);
+
 /* Sum of squares of x[0..n) in double, in a fixed order (blocks of 8 lanes), so the result does
  * not depend on the ISA or on how callers split work between threads at multiples of 64. */
 double sumsq_f32(enum adamw_isa isa, const float *x, size_t n);
@@ -55,8 +84,9 @@ void grad_accumulate(float *dst, const float *src, size_t n, int first);
 /* dst = a + b, elementwise fp32. */
 void grad_add_to(float *dst, const float *a, const float *b, size_t n);
 
-/* Copies an update computed into a staging block (adamw_update_to, adamw_update_bf16_to) into
- * place; m and v have state_size bytes per element (4, or 2 for bf16 state). master, m and v take
+/* Copies an update computed into a staging block (adamw_update_to, adamw_update_bf16_to,
+ * adamw_update_8bit_to) into place; m and v have state_size bytes per element (4, 2 for bf16 state,
+ * 1 for 8-bit codes, whose scales the caller copies). master, m and v take
  * ordinary stores: the update just read their lines, so they are in cache. The bf16 copy takes
  * non-temporal stores, so its lines are not read from memory first (2 of the ~32 bytes per
  * parameter the update moves); a store fence then orders them before what the caller publishes. p16

@@ -35,8 +35,9 @@
 struct lane {
     struct journal *journal;
     float *stage_p;
-    void *stage_m, *stage_v; /* fp32 or bf16, as the job's optimizer_state */
+    void *stage_m, *stage_v; /* fp32, bf16 or 8-bit codes, as the job's optimizer_state */
     uint16_t *stage_p16;
+    uint8_t *stage_m_scale, *stage_v_scale; /* 8-bit state: the block's scales */
     float *grad32; /* grads_bf16: a block of the accumulator widened to fp32 (private memory) */
 };
 
@@ -65,8 +66,8 @@ struct optim {
     uint32_t total_micro;
     bool shard_grads; /* GPU-side gradients: each rank sends the step's sum of its shard, once */
     enum adamw_isa isa;
-    bool bf16_state;    /* m and v in bf16 ([train] optimizer_state) */
-    size_t state_size;  /* bytes per element of m and of v */
+    enum optimizer_state state; /* the dtype of m and v ([train] optimizer_state) */
+    size_t state_size;          /* bytes per element of m and of v */
     char *m_bytes, *v_bytes; /* m and v, whichever their dtype */
 
     /* threads: lane 0 is the main thread; the others run `job` between two barriers */
@@ -157,12 +158,19 @@ static void journal_apply(struct optim *o, struct lane *l)
 {
     struct journal *j = l->journal;
     size_t off = j->offset, n = j->n;
-    if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE)
+    if (atomic_load_explicit(&j->state, memory_order_acquire) == JOURNAL_REDUCE) {
         memcpy(o->shm.grad_acc + off, l->stage_p, n * sizeof(float));
-    else /* no bf16 copy to write when workers stream the master */
-        adamw_store_staged(o->shm.master + off, o->m_bytes + off * o->state_size, o->v_bytes + off * o->state_size,
-                           o->shm.params16 ? job_params16_of(&o->shm, j->step) + off : NULL, l->stage_p,
-                           l->stage_m, l->stage_v, l->stage_p16, n, o->state_size);
+        return;
+    }
+    size_t scales = ctl_state_scales(o->state, n); /* an update block starts at a scale block's start */
+    if (scales) {
+        memcpy(o->shm.exp_avg_scale + off / STATE8_BLOCK, l->stage_m_scale, scales);
+        memcpy(o->shm.exp_avg_sq_scale + off / STATE8_BLOCK, l->stage_v_scale, scales);
+    }
+    /* no bf16 copy to write when workers stream the master */
+    adamw_store_staged(o->shm.master + off, o->m_bytes + off * o->state_size, o->v_bytes + off * o->state_size,
+                       o->shm.params16 ? job_params16_of(&o->shm, j->step) + off : NULL, l->stage_p, l->stage_m,
+                       l->stage_v, l->stage_p16, n, o->state_size);
 }
 
 static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t chunk, uint32_t step, uint32_t micro,
@@ -355,9 +363,15 @@ static void update_lane(struct optim *o, int t)
         const float *g = grad_block(o, l, off, n);
         if (o->norm_in_update) /* the block is in cache for the update that follows */
             o->item_sumsq[b] = sumsq_f32(o->isa, g, n);
-        if (o->bf16_state) {
-            st.round_key = adamw_round_key(o->ctl->job.seed, (uint32_t)st.step, it->tensor);
-            st.round_first = it->tensor_elem;
+        st.round_key = adamw_round_key(o->ctl->job.seed, (uint32_t)st.step, it->tensor);
+        st.round_first = it->tensor_elem;
+        if (o->state == OPTIM_STATE_8BIT) {
+            size_t sb = off / STATE8_BLOCK;
+            struct state8 in = {o->shm.exp_avg8 + off, o->shm.exp_avg_sq8 + off, o->shm.exp_avg_scale + sb,
+                                o->shm.exp_avg_sq_scale + sb};
+            struct state8 out = {l->stage_m, l->stage_v, l->stage_m_scale, l->stage_v_scale};
+            adamw_update_8bit_to(o->isa, &st, o->shm.master + off, in, g, l->stage_p, out, l->stage_p16, n);
+        } else if (o->state == OPTIM_STATE_BF16) {
             adamw_update_bf16_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg16 + off, o->shm.exp_avg_sq16 + off,
                                  g, l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
         } else {
@@ -669,10 +683,12 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
     atomic_store(&o->slot->pid, (int32_t)getpid());
     set_phase(o, PHASE_STARTING);
     o->threads = h->plan.optim_threads;
-    o->bf16_state = h->job.optimizer_state == OPTIM_STATE_BF16;
-    o->state_size = ctl_state_size(h->job.optimizer_state);
-    o->m_bytes = o->bf16_state ? (char *)o->shm.exp_avg16 : (char *)o->shm.exp_avg;
-    o->v_bytes = o->bf16_state ? (char *)o->shm.exp_avg_sq16 : (char *)o->shm.exp_avg_sq;
+    o->state = h->job.optimizer_state;
+    o->state_size = ctl_state_size(o->state);
+    char *m_of[OPTIM_STATE_COUNT] = {(char *)o->shm.exp_avg, (char *)o->shm.exp_avg16, (char *)o->shm.exp_avg8};
+    char *v_of[OPTIM_STATE_COUNT] = {(char *)o->shm.exp_avg_sq, (char *)o->shm.exp_avg_sq16, (char *)o->shm.exp_avg_sq8};
+    o->m_bytes = m_of[o->state];
+    o->v_bytes = v_of[o->state];
     for (int t = 0; t < o->threads; t++) {
         struct lane *l = &o->lanes[t];
         l->journal = ctl_journal(h, o->index, t);
@@ -680,6 +696,8 @@ static int optim_setup(struct optim *o, const struct optim_args *args)
         l->stage_m = l->stage_p + JOURNAL_BLOCK;
         l->stage_v = (char *)l->stage_m + JOURNAL_BLOCK * o->state_size;
         l->stage_p16 = (uint16_t *)((char *)l->stage_v + JOURNAL_BLOCK * o->state_size);
+        l->stage_m_scale = (uint8_t *)(l->stage_p16 + JOURNAL_BLOCK);
+        l->stage_v_scale = l->stage_m_scale + ctl_state_scales(o->state, JOURNAL_BLOCK);
         if (o->shm.grad_acc16 && !(l->grad32 = aligned_alloc(64, JOURNAL_BLOCK * sizeof(float))))
             return sd_err("optimizer: out of memory");
     }

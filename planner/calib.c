@@ -112,9 +112,9 @@ static double trimmed_mean(double *t, int n)
 }
 
 /* Work split over threads that start together: each copies or updates its slice, with fp32 m and
- * v (and the bf16 copy written), or with bf16 m and v as their optimizer runs them (bf16 gradients
- * widened, stochastic rounding, no copy: the weights streamed from the master). */
-enum { PAR_MEMCPY, PAR_ADAMW, PAR_ADAMW_BF16 };
+ * v (and the bf16 copy written), or with bf16 or 8-bit m and v as their optimizer runs them (bf16
+ * gradients widened, stochastic rounding, no copy: the weights streamed from the master). */
+enum { PAR_MEMCPY, PAR_ADAMW, PAR_ADAMW_BF16, PAR_ADAMW_8BIT };
 struct par_job {
     int kind;
     int threads;
@@ -156,6 +156,27 @@ static void *par_thread(void *arg)
                             stage + 2 * STAGE_BLOCK, stage16, k);
             adamw_store_staged(j->a + i, j->b + i, j->c + i, j->p16 + i, stage, stage + STAGE_BLOCK,
                                stage + 2 * STAGE_BLOCK, stage16, k, sizeof(float));
+        }
+    } else if (j->kind == PAR_ADAMW_8BIT) { /* codes and scales in the b area, bf16 gradients in the c area */
+        uint8_t *m8 = (uint8_t *)j->b, *v8 = m8 + j->n, *ms = v8 + j->n, *vs = ms + j->n / STATE8_BLOCK;
+        uint16_t *g16 = (uint16_t *)j->c;
+        uint8_t *sm = (uint8_t *)(stage + STAGE_BLOCK), *sv = sm + STAGE_BLOCK, *sms = sv + STAGE_BLOCK;
+        uint8_t *svs = sms + STAGE_BLOCK / STATE8_BLOCK;
+        float *g32 = stage + 2 * STAGE_BLOCK;
+        st.round_key = adamw_round_key(1, (uint32_t)st.step, 0);
+        /* slices start at a scale block */
+        size_t end = pa->index == j->threads - 1 ? j->n : (off + n) - (off + n) % STATE8_BLOCK;
+        off -= off % STATE8_BLOCK;
+        n = end - off;
+        for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
+            size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK, b = i / STATE8_BLOCK;
+            bf16_to_f32_n(g32, g16 + i, k);
+            st.round_first = i;
+            struct state8 in = {m8 + i, v8 + i, ms + b, vs + b}, out = {sm, sv, sms, svs};
+            adamw_update_8bit_to(j->isa, &st, j->a + i, in, g32, stage, out, stage16, k);
+            memcpy(ms + b, sms, (k + STATE8_BLOCK - 1) / STATE8_BLOCK);
+            memcpy(vs + b, svs, (k + STATE8_BLOCK - 1) / STATE8_BLOCK);
+            adamw_store_staged(j->a + i, m8 + i, v8 + i, NULL, stage, sm, sv, stage16, k, 1);
         }
     } else { /* m and v in the b area, the gradients in the c area, all bf16 */
         uint16_t *m16 = (uint16_t *)j->b, *v16 = m16 + j->n, *g16 = (uint16_t *)j->c;
@@ -238,6 +259,7 @@ static int measure_memory(struct calib_host *h)
     thread_points(h->ncpu, &h->memcpy_bw);
     thread_points(h->ncpu, &h->adamw_rate);
     thread_points(h->ncpu, &h->adamw_bf16_rate);
+    thread_points(h->ncpu, &h->adamw_8bit_rate);
     j->n = n; /* 64 MiB copied, 16M parameters updated */
     for (int i = 0; i < h->memcpy_bw.n; i++) {
         double t[3];
@@ -254,6 +276,10 @@ static int measure_memory(struct calib_host *h)
         for (int r = 0; r < 3; r++)
             t[r] = par_run(j);
         h->adamw_bf16_rate.value[i] = (double)n / median(t, 3);
+        j->kind = PAR_ADAMW_8BIT;
+        for (int r = 0; r < 3; r++)
+            t[r] = par_run(j);
+        h->adamw_8bit_rate.value[i] = (double)n / median(t, 3);
     }
     free(j);
     free(buf);
@@ -623,6 +649,7 @@ static int save_host(const char *path, const char *hostname, const struct calib_
     cJSON_AddItemToObject(o, "memcpy_bw", curve_json(&h->memcpy_bw));
     cJSON_AddItemToObject(o, "adamw_rate", curve_json(&h->adamw_rate));
     cJSON_AddItemToObject(o, "adamw_bf16_rate", curve_json(&h->adamw_bf16_rate));
+    cJSON_AddItemToObject(o, "adamw_8bit_rate", curve_json(&h->adamw_8bit_rate));
     cJSON_AddNumberToObject(o, "wake_s", h->wake_s);
     cJSON *c = cJSON_AddObjectToObject(o, "cpu_backend");
     cJSON_AddNumberToObject(c, "gemm_flops", h->cpu.gemm_flops);
@@ -684,6 +711,11 @@ static bool load_host(const char *path, int ncpu, struct calib_host *h, cJSON **
         char key[48];
         snprintf(key, sizeof key, "%s_s", elem_names[i]);
         ok = num_field(c, key, &cpu->elem_s[i]);
+    }
+    if (ok && !curve_parse(cJSON_GetObjectItemCaseSensitive(o, "adamw_8bit_rate"), &h->adamw_8bit_rate)) {
+        h->adamw_8bit_rate = h->adamw_bf16_rate; /* calibrated before 8-bit state existed */
+        for (int i = 0; i < h->adamw_8bit_rate.n; i++)
+            h->adamw_8bit_rate.value[i] *= CALIB_8BIT_PER_BF16;
     }
     h->ncpu = (int)n;
     if (o_out)

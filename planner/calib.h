@@ -11,6 +11,10 @@
 #include <stdint.h>
 
 #define CALIB_VERSION 3
+/* The 8-bit update's rate over the bf16-state update's, both compute-bound (stochastic rounding):
+ * the median of 8 bench_optim runs on this tree's (loaded, 2-core) development host, 0.67 to 1.22;
+ * the estimate for files without the 8-bit curve (docs/design.md §10.1). */
+#define CALIB_8BIT_PER_BF16 0.95
 #define CALIB_MAX_POINTS 16
 #define CALIB_PATH_MAX 1100
 
@@ -58,6 +62,9 @@ struct calib_host {
     struct calib_curve adamw_bf16_rate; /* the same with m and v in bf16 ([train] optimizer_state =
                                          * bf16): bf16 gradients widened, stochastic rounding, no
                                          * bf16 copy written */
+    struct calib_curve adamw_8bit_rate; /* the same with 8-bit m and v (optimizer_state = 8bit); a
+                                         * file without it (calibrated before the mode existed)
+                                         * gets the bf16 curve times CALIB_8BIT_PER_BF16 */
     double wake_s;                 /* a futex wake across processes until the sleeper runs */
     struct calib_cpu cpu;
 };

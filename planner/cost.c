@@ -598,6 +598,9 @@ static double finish_step(struct sim *s)
 #define UPDATE_BYTES 30.0
 #define BF16_GRAD_SAVING 2.0 /* bytes per parameter less to read with a bf16 accumulator */
 #define BF16_STATE_SAVING 8.0 /* with bf16 m and v: 2 bytes less of each to read and to write */
+/* with 8-bit m and v: 3 bytes less of each to read and to write, and a scale byte of each per block
+ * read and written */
+#define STATE8_SAVING (12.0 - 4.0 / STATE8_BLOCK)
 #define BF16_COPY_SAVING 2.0  /* workers streaming the master: no bf16 copy to write */
 
 /* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
@@ -608,6 +611,7 @@ struct rates {
     double update_bw; /* per optimizer process, bytes/s of host memory the fp32-state AdamW moves */
     double adamw16;   /* per optimizer process, params/s with bf16 state (its stochastic rounding can
                        * make it compute-bound) */
+    double adamw8;    /* the same with 8-bit state */
 };
 
 static struct rates rates_of(const struct cost_case *mc)
@@ -630,6 +634,7 @@ static struct rates rates_of(const struct cost_case *mc)
     r.reduce_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, threads) / p->optim_procs;
     r.update_bw = UPDATE_BYTES * calib_curve_at(&cal->host.adamw_rate, threads) / p->optim_procs;
     r.adamw16 = calib_curve_at(&cal->host.adamw_bf16_rate, threads) / p->optim_procs;
+    r.adamw8 = calib_curve_at(&cal->host.adamw_8bit_rate, threads) / p->optim_procs;
     return r;
 }
 
@@ -643,6 +648,10 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
     bool gpu_grads = p->grad_route == GRADS_GPU && G > 1;
     /* gradients in bf16: half the copy, and the optimizer reads 2 bytes less of each */
     bool bf16_grads = cost_grads_bf16(p, job);
+    /* gradients in the accumulator, updated during the backward without clipping: the update squares
+     * each block for the reported norm as it reads it (optimizer/optim.c norm_in_update), so the
+     * reduction reads nothing */
+    bool norm_in_update = cost_grads_direct(p, job) && p->update_mode == UPDATE_DURING_BACKWARD && !(job->grad_clip > 0);
     *s = (struct sim){
         .mc = mc,
         .cpu = cpu,
@@ -655,10 +664,12 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         /* gradients sent to the host per step: every micro-step's, or one */
         .sends = plan_one_post_per_rank(p, G) ? 1 : A,
         .bf16_grads = bf16_grads,
-        .sumsq_bytes = bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
-        /* m and v in bf16: 8 bytes less (update_s) */
+        .sumsq_bytes = norm_in_update ? 0 : bf16_grads ? SUMSQ_BYTES - BF16_GRAD_SAVING : SUMSQ_BYTES,
+        /* m and v in bf16: 8 bytes less; in 8 bits: 12 less, their scales added (update_s) */
         .update_bytes = UPDATE_BYTES - (bf16_grads ? BF16_GRAD_SAVING : 0) -
-                        (job->optimizer_state == OPTIM_STATE_BF16 ? BF16_STATE_SAVING : 0) -
+                        (job->optimizer_state == OPTIM_STATE_BF16   ? BF16_STATE_SAVING
+                         : job->optimizer_state == OPTIM_STATE_8BIT ? STATE8_SAVING
+                                                                    : 0) -
                         (plan_streams_master(p) ? BF16_COPY_SAVING : 0),
         .nc = nc,
         .hc = nc - 1,
@@ -707,15 +718,20 @@ static double master_pieces(double n)
 /* AdamW over `owned` parameters of a chunk whose next fill brings `fill_bytes` over each rank's host
  * link. The update is bound by host memory (at the calibrated fp32 rate's bytes per second), and the
  * G ranks' copies of the fill, which wait for this update and run during the next ones (the forward
- * trails the optimizer), take that bandwidth from it; with bf16 state the calibrated rate is a
- * floor (its rounding is compute; calibrated with bf16 gradients to widen, the most work per
- * parameter). */
+ * trails the optimizer), take that bandwidth from it; with bf16 or 8-bit state the calibrated rate
+ * of that update is a floor (its rounding, and the codes, are compute; calibrated with bf16
+ * gradients to widen, the most work per parameter). */
 static double update_s(const struct sim *s, const struct rates *rt, double owned, double fill_bytes)
 {
     double memory = (owned * s->update_bytes + s->G * fill_bytes) / rt->update_bw;
-    if (s->mc->job->optimizer_state != OPTIM_STATE_BF16)
+    switch (s->mc->job->optimizer_state) {
+    case OPTIM_STATE_BF16:
+        return fmax(memory, owned / rt->adamw16);
+    case OPTIM_STATE_8BIT:
+        return fmax(memory, owned / rt->adamw8);
+    default:
         return memory;
-    return fmax(memory, owned / rt->adamw16);
+    }
 }
 
 /* Each chunk's compute, transfers, reduction and update, and the step's totals of the compute and

@@ -197,12 +197,14 @@ static void print_text_host_memory(const struct report *r)
                                    : "the job does not fit; it cannot run on this host (planned for the GPUs alone)");
     printf("  %.2f bytes per parameter with [train] optimizer_state = %s", h->total / r->num_params,
            optimizer_state_name(r->job->optimizer_state));
-    int other = !r->job->optimizer_state;
-    printf("; %.2f with %s\n", in->state_modes[other].bytes_per_param, optimizer_state_name(other));
+    for (int st = OPTIM_STATE_FP32; st < OPTIM_STATE_COUNT; st++)
+        if (st != (int)r->job->optimizer_state)
+            printf("; %.2f with %s", in->state_modes[st].bytes_per_param, optimizer_state_name(st));
+    printf("\n");
     if (in->host_available > 0) {
         printf("  largest model of this shape on this host (the job's layers, more or fewer; %d now):\n",
                r->cfg->num_layers);
-        for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+        for (int st = OPTIM_STATE_FP32; st < OPTIM_STATE_COUNT; st++) {
             const struct plan_state_mode *m = &in->state_modes[st];
             bool large_b = m->largest_params >= 1e9;
             if (m->largest_layers == 0 && !m->largest_capped) {
@@ -277,6 +279,10 @@ static void print_text_calibration(const struct report *r)
     for (int i = 0; i < cal->host.adamw_bf16_rate.n; i++)
         printf(" %d thr %.2f G params/s;", cal->host.adamw_bf16_rate.threads[i],
                cal->host.adamw_bf16_rate.value[i] / 1e9);
+    printf("\n  AdamW, 8-bit state");
+    for (int i = 0; i < cal->host.adamw_8bit_rate.n; i++)
+        printf(" %d thr %.2f G params/s;", cal->host.adamw_8bit_rate.threads[i],
+               cal->host.adamw_8bit_rate.value[i] / 1e9);
     printf("\n  process wake-up %.1f us\n", cal->host.wake_s * 1e6);
     const struct calib_cpu *c = &cal->host.cpu;
     printf("  CPU backend: sgemm %.1f GFLOP/s + %.2f ns per element packed; attention fwd %.2f ns x D + %.2f ns, bwd "
@@ -488,7 +494,7 @@ static cJSON *host_memory_json(const struct report *r)
         cJSON_AddItemToArray(opts, e);
     }
     cJSON *modes = cJSON_AddObjectToObject(h, "modes");
-    for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+    for (int st = OPTIM_STATE_FP32; st < OPTIM_STATE_COUNT; st++) {
         const struct plan_state_mode *m = &in->state_modes[st];
         cJSON *mj = cJSON_AddObjectToObject(modes, optimizer_state_name(st));
         cJSON_AddNumberToObject(mj, "total", (double)m->host_bytes);
@@ -557,6 +563,7 @@ static cJSON *calibration_json(const struct calib *cal)
     cJSON_AddItemToObject(ch, "memcpy_bw", curve_json(&cal->host.memcpy_bw));
     cJSON_AddItemToObject(ch, "adamw_rate", curve_json(&cal->host.adamw_rate));
     cJSON_AddItemToObject(ch, "adamw_bf16_rate", curve_json(&cal->host.adamw_bf16_rate));
+    cJSON_AddItemToObject(ch, "adamw_8bit_rate", curve_json(&cal->host.adamw_8bit_rate));
     cJSON_AddNumberToObject(ch, "wake_s", cal->host.wake_s);
     cJSON_AddNumberToObject(ch, "cpu_gemm_flops", cal->host.cpu.gemm_flops);
     cJSON *cg = cJSON_AddObjectToObject(c, "gpu");

@@ -447,7 +447,7 @@ static void report_state_modes(const struct search *S, const struct plan *p, int
         lean.weights_source = WEIGHTS_MASTER;
         lean.update_mode = UPDATE_AFTER_BACKWARD;
     }
-    for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
+    for (int st = OPTIM_STATE_FP32; st < OPTIM_STATE_COUNT; st++) {
         struct plan_state_mode *m = &info->state_modes[st];
         int64_t params;
         m->host_bytes = host_bytes_with(S, p, kept, S->cfg->num_layers, st, &params);
@@ -600,8 +600,10 @@ static int search_host_states(const struct search *base, const struct plan *tmpl
                               size_t reason_len)
 {
     int states[2] = {HOST_STATE_REPLICATED, HOST_STATE_SHARDED}, n = 2;
-    if (tmpl->hosts == 1 || base->job->host_state != HOST_STATE_AUTO) {
-        states[0] = tmpl->hosts == 1 ? HOST_STATE_REPLICATED : (int)base->job->host_state;
+    bool no_sharding = base->job->optimizer_state == OPTIM_STATE_8BIT; /* plan_choose says why */
+    if (tmpl->hosts == 1 || base->job->host_state != HOST_STATE_AUTO || no_sharding) {
+        states[0] = tmpl->hosts > 1 && base->job->host_state != HOST_STATE_AUTO ? (int)base->job->host_state
+                                                                                 : HOST_STATE_REPLICATED;
         n = 1;
     }
     int evaluated = 0;
@@ -627,7 +629,10 @@ static int search_host_states(const struct search *base, const struct plan *tmpl
         }
     }
     if (n == 1)
-        snprintf(reason, reason_len, "%s", tmpl->hosts == 1 ? "one host" : "set in job.ini");
+        snprintf(reason, reason_len, "%s",
+                 tmpl->hosts == 1                                ? "one host"
+                 : base->job->host_state != HOST_STATE_AUTO ? "set in job.ini"
+                                                                 : "8-bit state is not sharded");
     best->evaluated = evaluated;
     return 0;
 }
@@ -797,6 +802,9 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
             return sd_err("[runtime] optim_procs = %d: the model has only %d chunks to share out", job->optim_procs,
                           num_chunks);
     }
+    if (hosts > 1 && job->host_state == HOST_STATE_SHARDED && job->optimizer_state == OPTIM_STATE_8BIT)
+        return sd_err("[runtime] host_state = sharded with [train] optimizer_state = 8bit: the relay between hosts "
+                      "carries no block scales; use host_state = replicated (or auto)");
     if (hosts < 1 || (int64_t)hosts * job->gpus > JOB_MAX_GPUS)
         return sd_err("%d hosts x %d GPUs: a job has 1 to %d ranks in all", hosts, job->gpus, JOB_MAX_GPUS);
     SD_ASSERT(topo->gpus == job->gpus);

@@ -86,7 +86,7 @@ struct plan_info {
     int num_routes;         /* route combinations searched, in the order tried */
     struct plan_route_option routes[PLAN_MAX_ROUTES];
     char route_reason[256]; /* why these routes: forced, one GPU, no P2P, fastest, ... */
-    struct plan_state_mode state_modes[2]; /* by enum optimizer_state */
+    struct plan_state_mode state_modes[OPTIM_STATE_COUNT]; /* by enum optimizer_state */
     int num_sources;        /* weights sources searched (one when job.ini sets it) */
     struct plan_source_option sources[2];
     char source_reason[256]; /* why the chosen one */

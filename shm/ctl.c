@@ -84,11 +84,13 @@ int ctl_compute_sizes(const struct ctl_shape *shape, struct ctl_sizes *out)
     out->ctl_bytes = (c + 4095) & ~(uint64_t)4095;
     uint64_t grads_elems;
     uint64_t state_size = ctl_state_size(shape->optimizer_state);
-    uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * ctl_staging_lane_bytes(state_size);
-    /* master (fp32), m and v, and the fp32 accumulator unless it heads the grads region */
+    uint64_t staging = (uint64_t)optim_procs * (uint64_t)optim_threads * ctl_staging_lane_bytes(shape->optimizer_state);
+    /* master (fp32), m and v (and their scales), and the fp32 accumulator unless it heads the grads region */
     uint64_t master_per_param = 4 + 2 * state_size + (shape->grads_direct ? 0 : 4);
+    uint64_t scales = 2 * ctl_state_scales(shape->optimizer_state, total_numel);
     ok = ok && mul_ok(total_numel, 2 * (uint64_t)shape->params16_copies, &out->params16_bytes) &&
          mul_ok(total_numel, master_per_param, &out->master_bytes) && add_ok(&out->master_bytes, staging) &&
+         add_ok(&out->master_bytes, scales) &&
          (shape->grads_direct
               ? (grads_elems = total_numel, true)
               : mul_ok((uint64_t)gpus * (uint64_t)grad_slots, (uint64_t)shape->max_chunk_numel, &grads_elems)) &&
@@ -335,7 +337,13 @@ void job_shm_master_views(struct job_shm *s, void *base, int64_t total_numel, bo
     size_t n = (size_t)total_numel;
     s->master = base;
     char *next = (char *)(s->master + n);
-    if (state == OPTIM_STATE_BF16) {
+    if (state == OPTIM_STATE_8BIT) {
+        s->exp_avg8 = (uint8_t *)next;
+        s->exp_avg_sq8 = s->exp_avg8 + n;
+        s->exp_avg_scale = s->exp_avg_sq8 + n;
+        s->exp_avg_sq_scale = s->exp_avg_scale + ctl_state_scales(state, n);
+        next = (char *)(s->exp_avg_sq_scale + ctl_state_scales(state, n));
+    } else if (state == OPTIM_STATE_BF16) {
         s->exp_avg16 = (uint16_t *)next;
         s->exp_avg_sq16 = s->exp_avg16 + n;
         next = (char *)(s->exp_avg_sq16 + n);

@@ -153,17 +153,26 @@ struct journal {
     uint64_t n;
 };
 
-/* Bytes per element of Adam's m and of v on the host: fp32, or bf16 ([train] optimizer_state). */
+/* Bytes per element of Adam's m and of v on the host ([train] optimizer_state): fp32, bf16, or an
+ * 8-bit code (whose block scales ctl_state_scales counts). */
 static inline size_t ctl_state_size(enum optimizer_state st)
 {
-    return st == OPTIM_STATE_BF16 ? 2 : 4;
+    return st == OPTIM_STATE_8BIT ? 1 : st == OPTIM_STATE_BF16 ? 2 : 4;
+}
+
+/* Scale bytes of m (and as many of v) for n elements from a block's start: one per STATE8_BLOCK with
+ * 8-bit state, none otherwise. */
+static inline uint64_t ctl_state_scales(enum optimizer_state st, uint64_t n)
+{
+    return st == OPTIM_STATE_8BIT ? (n + STATE8_BLOCK - 1) / STATE8_BLOCK : 0;
 }
 
 /* One optimizer thread's staging block: a journal block of p (fp32), m and v (state_size bytes
- * each), then p16. A reduction stages its fp32 block where p goes. */
-static inline uint64_t ctl_staging_lane_bytes(size_t state_size)
+ * each), p16, then the scales of m and of v (8-bit state). A reduction stages its fp32 block where p
+ * goes. */
+static inline uint64_t ctl_staging_lane_bytes(enum optimizer_state st)
 {
-    return (uint64_t)JOURNAL_BLOCK * (4 + 2 * state_size + 2);
+    return (uint64_t)JOURNAL_BLOCK * (4 + 2 * ctl_state_size(st) + 2) + 2 * ctl_state_scales(st, JOURNAL_BLOCK);
 }
 
 /* Host gradient slot states (per rank, per slot): (fill sequence << 2) | state. The sequence
@@ -453,6 +462,8 @@ struct job_shm {
     uint16_t *params16;                              /* both copies with keep_prev: see job_params16_of */
     float *master, *exp_avg, *exp_avg_sq, *grad_acc; /* each total_numel; grad_acc in grads if grads_direct */
     uint16_t *exp_avg16, *exp_avg_sq16;              /* in place of m and v (those NULL) with bf16 state */
+    uint8_t *exp_avg8, *exp_avg_sq8;                 /* in their place with 8-bit state: m, sqrt(v) codes */
+    uint8_t *exp_avg_scale, *exp_avg_sq_scale;       /* and their scales, one per STATE8_BLOCK elements */
     uint16_t *grad_acc16;                           /* in its place (grad_acc NULL) when grads_bf16 */
     void *staging;                                   /* per optimizer thread: ctl_staging_lane_bytes */
     float *grads;                                    /* the accumulator or gpus * grad_slots * max_chunk_numel */
@@ -472,8 +483,9 @@ int ctl_validate(const struct ctl_header *h, uint64_t ctl_bytes, const char *nam
  * says); ctl writable unless ctl_read_only (monitors). On failure nothing stays mapped. */
 int job_shm_attach(struct job_shm *s, const char *job_name, int what, bool ctl_read_only);
 void job_shm_detach(struct job_shm *s);
-/* Points the views into the master region at base: master, then m and v (fp32 or bf16), then the
- * fp32 accumulator unless grads_direct, then the optimizers' staging blocks. */
+/* Points the views into the master region at base: master, then m and v (fp32, bf16, or 8-bit codes
+ * followed by their scales), then the fp32 accumulator unless grads_direct, then the optimizers'
+ * staging blocks. */
 void job_shm_master_views(struct job_shm *s, void *base, int64_t total_numel, bool grads_direct,
                           enum optimizer_state state);
 
@@ -489,7 +501,7 @@ static inline uint16_t *job_params16_of(const struct job_shm *s, uint32_t v)
 static inline void *job_staging(struct job_shm *s, int optim, int thread)
 {
     size_t lane = (size_t)optim * (size_t)s->ctl->plan.optim_threads + (size_t)thread;
-    return (char *)s->staging + lane * ctl_staging_lane_bytes(ctl_state_size(s->ctl->job.optimizer_state));
+    return (char *)s->staging + lane * ctl_staging_lane_bytes(s->ctl->job.optimizer_state);
 }
 
 /* Rank r's exchange window in the grads region (CPU backend), after the accumulator or every rank's

@@ -93,7 +93,7 @@ static const struct bad_case cases[] = {
     {"gpus out of range", NULL, NULL, "runtime.gpus=0", "gpus"},
     {"logits_rows out of range", NULL, NULL, "runtime.logits_rows=-3", "logits_rows"},
     {"grad_dtype unknown", NULL, NULL, "runtime.grad_dtype=fp16", "fp32|bf16"},
-    {"optimizer_state unknown", NULL, NULL, "train.optimizer_state=fp16", "optimizer_state: 'fp16' is not one of fp32|bf16"},
+    {"optimizer_state unknown", NULL, NULL, "train.optimizer_state=fp16", "optimizer_state: 'fp16' is not one of fp32|bf16|8bit"},
     {"resume under another optimizer_state",
      "mkdir -p %s/ckpt/step-2 && printf '{\"step\": 2, \"optimizer_state\": \"bf16\"}' > %s/ckpt/step-2/trainer_state.json",
      NULL, NULL, "optimizer_state = bf16, this job has fp32"},

@@ -148,6 +148,10 @@ static void test_defaults_and_overrides(void **state)
     assert_int_equal(job.seq_len, 16);
     assert_true(job.gpu_mem == 512ll << 20);
     assert_string_equal(job.log_dir, "/tmp/y");
+    char *eight[] = {"train.optimizer_state=8bit"};
+    assert_int_equal(load_text(ini, 1, eight, &job), 0);
+    assert_int_equal(job.optimizer_state, OPTIM_STATE_8BIT);
+    assert_string_equal(optimizer_state_name(job.optimizer_state), "8bit");
 }
 
 /* Relative paths: in the file, against the file's folder; in a command-line override, against the

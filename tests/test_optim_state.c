@@ -1,7 +1,7 @@
-/* [train] optimizer_state = bf16 on the CPU backend, end to end: over 300 steps of the copy task the
- * loss stays within 1% of the fp32 state's at every logged step; workers and optimizers killed at
- * named points of the protocol, and a resume from a disk checkpoint, give final weights, m and v
- * bit-identical to an uninterrupted run; a checkpoint of one mode is not resumed under the other. */
+/* [train] optimizer_state = bf16 and 8bit on the CPU backend, end to end: over 300 steps of the copy
+ * task the loss stays within 1% of the fp32 state's at every logged step; workers and optimizers
+ * killed at named points of the protocol, and a resume from a disk checkpoint, give final weights, m
+ * and v bit-identical to an uninterrupted run; a checkpoint of one mode is not resumed under another. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -85,9 +85,9 @@ static int group_teardown(void **state)
 static void test_loss_curve(void **state)
 {
     tu_seed("optim_state loss curve", 1234);
-    const char *modes[2] = {"fp32", "bf16"};
-    double loss[2][CURVE_STEPS];
-    for (int k = 0; k < 2; k++) {
+    const char *modes[3] = {"fp32", "bf16", "8bit"};
+    double loss[3][CURVE_STEPS];
+    for (int k = 0; k < 3; k++) {
         char name[32], over[128];
         snprintf(name, sizeof name, "curve-%s", modes[k]);
         write_job(name, CURVE_STEPS);
@@ -98,29 +98,32 @@ static void test_loss_curve(void **state)
         assert_int_equal(rc, 0);
         assert_int_equal(metrics(name, "loss", loss[k], CURVE_STEPS), CURVE_STEPS);
     }
-    double fp32_mib = state_mib("curve-fp32"), bf16_mib = state_mib("curve-bf16");
-    printf("# shared state: fp32 %.2f MiB, bf16 %.2f MiB\n", fp32_mib, bf16_mib);
-    assert_true(bf16_mib < fp32_mib);
-    double worst = 0, worst_any = 0;
-    int worst_step = 0, differ = 0;
-    for (int s = 0; s < CURVE_STEPS; s++) {
-        double rel = fabs(loss[1][s] - loss[0][s]) / loss[0][s];
-        differ += loss[1][s] != loss[0][s];
-        worst_any = fmax(worst_any, rel);
-        if ((s + 1) % 10 == 0) { /* the logged steps (log.every = 10) */
-            if (rel > worst)
-                worst = rel, worst_step = s + 1;
-            if (rel > 0.01)
-                fail_msg("step %d: bf16-state loss %.6f is %.2f%% from the fp32 state's %.6f", s + 1, loss[1][s],
-                         100 * rel, loss[0][s]);
+    double fp32_mib = state_mib("curve-fp32"), bf16_mib = state_mib("curve-bf16"), q8_mib = state_mib("curve-8bit");
+    printf("# shared state: fp32 %.2f MiB, bf16 %.2f MiB, 8bit %.2f MiB\n", fp32_mib, bf16_mib, q8_mib);
+    assert_true(q8_mib < bf16_mib && bf16_mib < fp32_mib);
+    for (int k = 1; k < 3; k++) {
+        double worst = 0, worst_any = 0;
+        int worst_step = 0, differ = 0;
+        for (int s = 0; s < CURVE_STEPS; s++) {
+            double rel = fabs(loss[k][s] - loss[0][s]) / loss[0][s];
+            differ += loss[k][s] != loss[0][s];
+            worst_any = fmax(worst_any, rel);
+            if ((s + 1) % 10 == 0) { /* the logged steps (log.every = 10) */
+                if (rel > worst)
+                    worst = rel, worst_step = s + 1;
+                if (rel > 0.01)
+                    fail_msg("step %d: %s-state loss %.6f is %.2f%% from the fp32 state's %.6f", s + 1, modes[k],
+                             loss[k][s], 100 * rel, loss[0][s]);
+            }
         }
+        printf("# %s state: largest difference at a logged step %.3f%% (step %d); at any step %.3f%%; %d steps "
+               "differ\n",
+               modes[k], 100 * worst, worst_step, 100 * worst_any, differ);
+        assert_true(differ > CURVE_STEPS / 2); /* the modes are not one */
     }
-    printf("# final loss: fp32 state %.6f, bf16 state %.6f (first %.6f)\n", loss[0][CURVE_STEPS - 1],
-           loss[1][CURVE_STEPS - 1], loss[0][0]);
-    printf("# largest difference at a logged step: %.3f%% (step %d); at any step %.3f%%; %d steps differ\n",
-           100 * worst, worst_step, 100 * worst_any, differ);
+    printf("# final loss: fp32 state %.6f, bf16 state %.6f, 8bit state %.6f (first %.6f)\n", loss[0][CURVE_STEPS - 1],
+           loss[1][CURVE_STEPS - 1], loss[2][CURVE_STEPS - 1], loss[0][0]);
     assert_true(loss[0][CURVE_STEPS - 1] < 0.25 * loss[0][0]); /* it learned */
-    assert_true(differ > CURVE_STEPS / 2);                      /* and the two modes are not one */
 }
 
 /* The final weights and the optimizer state of the last step equal the reference run's bit for bit,
@@ -184,7 +187,7 @@ static void crash_runs(const char *ref, const char *overrides, const char *const
 }
 
 /* Updates after the backward (clipping): kills while copying a gradient, between journaling and
- * applying an update block, after the update, while reducing. */
+ * applying an update block, after the update, while reducing; in each reduced-precision mode. */
 static void test_crash_after_backward(void **state)
 {
     static const char *const specs[] = {
@@ -193,6 +196,7 @@ static void test_crash_after_backward(void **state)
         "worker_slot_posted:21,optim_reduce_journaled:45",
     };
     crash_runs("after", "train.optimizer_state=bf16", specs, 3);
+    crash_runs("after-8bit", "train.optimizer_state=8bit", specs, 3);
 }
 
 /* Updates during the backward (no clipping; params16 keeps both parities). */
@@ -203,28 +207,35 @@ static void test_crash_during_backward(void **state)
         "worker_slot_written:45,optim_freed:30",
     };
     crash_runs("during", "train.optimizer_state=bf16 train.grad_clip=0 runtime.update_mode=during_backward", specs, 2);
+    crash_runs("during-8bit", "train.optimizer_state=8bit train.grad_clip=0 runtime.update_mode=during_backward", specs,
+               2);
 }
 
-/* A resume from step-6/ (m and v in bf16) ends where the uninterrupted run does; the same checkpoint
- * under fp32 state is refused with one line and exit 2. */
-static void test_resume(void **state)
+/* A resume from step-6/ (m and v in `mode`) ends where the uninterrupted run does; the same
+ * checkpoint under the `other` mode is refused with one line and exit 2. */
+static void resume_in(const char *mode, const char *other)
 {
-    const char *bf16 = "train.optimizer_state=bf16 checkpoint.every=6 checkpoint.keep=5";
-    write_job("resume-ref", CRASH_STEPS);
-    assert_int_equal(run_job("resume-ref", bf16, NULL), 0);
-    write_job("resume", CRASH_STEPS);
-    assert_int_equal(tu_sh(NULL, "mkdir -p %s/resume/ckpt && cp -r %s/resume-ref/ckpt/step-6 %s/resume/ckpt/", dir, dir, dir),
+    char ref[32], name[32], over[160], wrong[160], said[96];
+    snprintf(ref, sizeof ref, "resume-ref-%s", mode);
+    snprintf(name, sizeof name, "resume-%s", mode);
+    snprintf(over, sizeof over, "train.optimizer_state=%s checkpoint.every=6 checkpoint.keep=5", mode);
+    snprintf(wrong, sizeof wrong, "train.optimizer_state=%s checkpoint.every=6 checkpoint.keep=5", other);
+    write_job(ref, CRASH_STEPS);
+    assert_int_equal(run_job(ref, over, NULL), 0);
+    write_job(name, CRASH_STEPS);
+    assert_int_equal(tu_sh(NULL, "mkdir -p %s/%s/ckpt && cp -r %s/%s/ckpt/step-6 %s/%s/ckpt/", dir, name, dir, ref, dir,
+                           name),
                      0);
     char *out = NULL;
-    int rc = tu_sh(&out, "cd %s/resume && %s job.ini %s 2>&1", dir, tu_bin("slidedp-launch"),
-                   "train.optimizer_state=fp32 checkpoint.every=6 checkpoint.keep=5");
-    printf("# fp32 state over a bf16 checkpoint -> exit %d: %s", rc, out);
+    int rc = tu_sh(&out, "cd %s/%s && %s job.ini %s 2>&1", dir, name, tu_bin("slidedp-launch"), wrong);
+    printf("# %s state over a %s checkpoint -> exit %d: %s", other, mode, rc, out);
     assert_int_equal(rc, 2);
-    assert_non_null(strstr(out, "optimizer_state = bf16, this job has fp32"));
+    snprintf(said, sizeof said, "optimizer_state = %s, this job has %s", mode, other);
+    assert_non_null(strstr(out, said));
     assert_true(strchr(out, '\n') == out + strlen(out) - 1);
     free(out);
-    rc = run_job("resume", bf16, NULL);
-    char *log = tu_read_job_file(dir, "resume", "launcher.log", NULL);
+    rc = run_job(name, over, NULL);
+    char *log = tu_read_job_file(dir, name, "launcher.log", NULL);
     if (rc != 0 || !strstr(log, "resuming from checkpoint step-6"))
         printf("%s", log);
     assert_int_equal(rc, 0);
@@ -233,11 +244,17 @@ static void test_resume(void **state)
     size_t a_len, b_len;
     const char *files[2] = {"ckpt/final/model.safetensors", "ckpt/step-12/optimizer.safetensors"};
     for (int i = 0; i < 2; i++) {
-        char *a = tu_read_job_file(dir, "resume", files[i], &a_len), *b = tu_read_job_file(dir, "resume-ref", files[i], &b_len);
+        char *a = tu_read_job_file(dir, name, files[i], &a_len), *b = tu_read_job_file(dir, ref, files[i], &b_len);
         if (a_len != b_len || memcmp(a, b, a_len) != 0)
             fail_msg("resumed run: %s differs from the uninterrupted run's", files[i]);
         free(a), free(b);
     }
+}
+
+static void test_resume(void **state)
+{
+    resume_in("bf16", "fp32");
+    resume_in("8bit", "bf16");
 }
 
 int main(void)

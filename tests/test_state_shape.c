@@ -115,6 +115,9 @@ static void test_plan_sizes_the_objects(void **state)
         {"one-rank-master",
          {.tag = "one-rank-master", .runtime = "", .gpus = 1, .grad_accum = 1, .weights_source = "master"},
          "runtime.grad_dtype=bf16", "after_backward", true, true},
+        {"one-rank-master-8bit",
+         {.tag = "one-rank-master-8bit", .runtime = "", .gpus = 1, .grad_accum = 1, .weights_source = "master"},
+         "train.optimizer_state=8bit runtime.grad_dtype=bf16", "after_backward", true, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_shape(&cases[i]);

@@ -1,0 +1,144 @@
+#!/bin/bash
+# 8-bit optimizer state on a GPU host (issue 32), from the repo root, in one call under 9 minutes:
+# the host calibrated anew (its adamw_8bit_rate curve, which examples/h200-host.json predates) and
+# bench_optim's rates per state; the Qwen3-14B shape (random init, seq 4096, 8k tokens per step,
+# clipping, bf16 gradients) in 8-bit state, uninterrupted and with its first worker killed (kill -9)
+# after step 2, whose step losses and norms must equal the uninterrupted run's; Qwen3-8B and
+# Qwen3-1.7B at 8k in fp32, bf16 and 8-bit state. Runs that would pass the deadline are skipped and
+# say so: run them in a second call with ONLY="name ...".
+# Per run: exit status, median step time, the planner's prediction, peak host memory (the job's
+# /dev/shm objects plus its processes' RSS, summed every 0.5 s: host_bytes in gpu_build.sh), peak
+# GPU memory (nvidia-smi), bytes per parameter. Prints one table; logs in $OUT (gpu_build.sh).
+# Needs .gpudeps/ as gpu_build.sh's header says. ONLY="name ..." runs just those runs; DEADLINE
+# caps the call's seconds (default 530; runs that would not fit are skipped, most important first).
+# With NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already.
+[ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
+w=/tmp/issue32
+rm -rf "$w" && mkdir -p "$w"
+shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
+[ "${shm_free:-0}" -lt 120 ] && mount -o remount,size=126G /dev/shm
+log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); $(free -g | grep Mem); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+random_tokens "$w/train.bin" 2000000
+deadline=${DEADLINE:-530}
+left() { local l=$((deadline - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+
+# job MODEL STEPS (gpu_build.sh host_job); the runs add bf16 gradients
+job() { host_job "$w" "$@"; }
+bf16g=runtime.grad_dtype=bf16
+
+# The host's calibration, fresh: the planner's 8-bit rate is measured, not the fallback estimate.
+if wanted calibrate && [ "$(left 90)" -ge 60 ]; then
+    job qwen3-1.7b 1
+    timeout "$(left 90)" "$build/slidedp-plan" "$w/job.ini" --recalibrate --json > "$out/calibration.json" 2>&1
+    log "calibrated: $(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['calibration']['host']; \
+print({k: c[k][-1] for k in ('adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate')})" "$out/calibration.json" 2>&1)"
+fi
+
+: > "$out/issue32.results"
+# run NAME SECONDS KILL OVERRIDES...: one job (KILL: none, or worker to kill -9 the first worker
+# after step 2), sampled; a line of JSON in issue32.results
+run() {
+    wanted "$1" || return 0
+    local name=$1 limit=$(left $2) kill=$3
+    shift 3
+    [ "$limit" -lt 30 ] && { log "$name: skipped (no time left)"; return; }
+    rm -rf "$w/log" "$w/ckpt"
+    "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json > "$out/$name.plan.json" 2> "$out/$name.plan.err"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/${name}_gpu.log" 2>&1 &
+    local smi=$!
+    timeout "$limit" "$build/slidedp-launch" "$w/job.ini" $bf16g "$@" > "$out/$name.log" 2>&1 &
+    local pid=$!
+    ( while kill -0 $pid 2>/dev/null; do host_bytes $pid "$out/$name.log"; sleep 0.5; done ) > "$out/${name}_host.log" &
+    local sampler=$! killed=""
+    if [ "$kill" = worker ]; then
+        while kill -0 $pid 2>/dev/null && [ "$(cat "$w/log/metrics.jsonl" 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.05; done
+        local jobname=$(grep -o 'slidedp: job [0-9a-f]*' "$out/$name.log" | head -1 | cut -d' ' -f3)
+        local victim=$(pgrep -f "slidedp-worker --job $jobname" | head -1)
+        if [ -n "$jobname" ] && [ -n "$victim" ] && kill -9 "$victim"; then
+            killed="worker pid $victim after step $(cat "$w/log/metrics.jsonl" | wc -l)"
+        else
+            killed="nothing (job ${jobname:-?}, no worker found)"
+        fi
+    fi
+    wait $pid
+    local rc=$?
+    kill $smi 2>/dev/null
+    wait $smi $sampler 2>/dev/null
+    cp "$w/log/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
+    python3 - "$name" "$rc" "$out" "$killed" "$*" <<'PY' | tee -a "$out/issue32.results"
+import json, sys, statistics as st
+name, rc, out, killed, args = sys.argv[1:]
+def lines(path):
+    try:
+        return [l for l in open(path) if l.strip()]
+    except OSError:
+        return []
+rows = [json.loads(l) for l in lines(f"{out}/{name}.metrics.jsonl")]
+x = [r["step_s"] for r in rows][2:]
+gpu = [int(l) for l in lines(f"{out}/{name}_gpu.log") if l.strip().isdigit()]
+host = [int(l) for l in lines(f"{out}/{name}_host.log") if l.strip().isdigit()]
+try:
+    plan = json.load(open(f"{out}/{name}.plan.json"))
+    params, planned = plan["job"]["params"], plan["host_memory"]["total"]
+    largest = {k: v["largest_model"]["layers"] for k, v in plan["host_memory"]["modes"].items()}
+    fits = "does not fit" not in open(f"{out}/{name}.plan.err").read()
+except (OSError, ValueError, KeyError):
+    params, planned, largest, fits = float("nan"), float("nan"), {}, False
+err = [l.strip() for l in lines(f"{out}/{name}.log") if "slidedp-launch:" in l][:1]
+print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"),
+                  "predicted": rows[0]["predicted_step_s"] if rows else float("nan"),
+                  "peak_host": max(host) if host else float("nan"), "peak_gpu_mib": max(gpu) if gpu else float("nan"),
+                  "params": params, "planned_host": planned, "plan_fits": fits, "largest_layers": largest,
+                  "losses": [r["loss"] for r in rows], "norms": [r["grad_norm"] for r in rows], "killed": killed,
+                  "args": args, "error": err[0] if err else ""}))
+PY
+    grep -E 'restarting|died' "$out/$name.log" | head -3 | sed "s/^/$name: /" | tee -a "$out/summary.log"
+    "$build/slidedp-launch" --clean "$w/job.ini" $bf16g "$@" > /dev/null 2>&1
+}
+
+# most important first: a run that would pass the deadline is skipped
+job qwen3-14b 5
+run q14_8bit 170 none train.optimizer_state=8bit
+run q14_8bit_kill 170 worker train.optimizer_state=8bit
+job qwen3-8b 4
+for st in 8bit bf16 fp32; do run q8_$st 60 none train.optimizer_state=$st; done
+job qwen3-1.7b 12
+for st in 8bit bf16 fp32; do run q17_$st 30 none train.optimizer_state=$st; done
+# the update's rate per state on this host's threads (the optimizer's cores: all but one)
+if wanted bench_optim && [ "$(left 40)" -ge 30 ]; then
+    timeout "$(left 40)" "$build/bench_optim" 128 "$(($(nproc) - 1))" > "$out/bench_optim.log" 2>&1
+    grep -E 'RESULT staged|isa' "$out/bench_optim.log" | tee -a "$out/summary.log"
+fi
+
+python3 - "$out/issue32.results" <<'PY' | tee -a "$out/summary.log"
+import json, sys
+rows = {r["name"]: r for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))}
+G = 1024 ** 3
+print(f"| {'run':14} | {'exit':>4} | {'step s':>7} | {'predicted':>9} | {'error':>7} | {'host GiB':>8} | {'B/param':>7} | "
+      f"{'planned':>7} | {'GPU GiB':>7} | largest layers fp32/bf16/8bit |")
+print(f"|{'-'*16}|{'-'*6}|{'-'*9}|{'-'*11}|{'-'*9}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*9}|{'-'*32}|")
+for r in rows.values():
+    m, p = r["measured"], r["predicted"]
+    err = 100 * (p - m) / m if m == m and m else float("nan")
+    ll = r["largest_layers"]
+    print(f"| {r['name']:14} | {r['rc']:4} | {m:7.3f} | {p:9.3f} | {err:+6.1f}% | {r['peak_host'] / G:8.2f} | "
+          f"{r['peak_host'] / r['params']:7.2f} | {r['planned_host'] / r['params']:7.2f} | {r['peak_gpu_mib'] / 1024:7.2f} | "
+          f"{ll.get('fp32', '-')}/{ll.get('bf16', '-')}/{ll.get('8bit', '-')} |")
+for r in rows.values():
+    if r["error"]:
+        print(f"{r['name']}: {r['error']}")
+for model in ("q8", "q17"):
+    a, b = rows.get(f"{model}_8bit"), rows.get(f"{model}_fp32")
+    if a and b:
+        print(f"{model}: 8-bit step {a['measured']:.3f} s vs fp32 state {b['measured']:.3f} s: "
+              f"{'faster' if a['measured'] < b['measured'] else 'NOT faster'}")
+a, b = rows.get("q14_8bit"), rows.get("q14_8bit_kill")
+if a and b:
+    same = a["losses"] == b["losses"] and a["norms"] == b["norms"] and len(a["losses"]) == len(b["losses"]) > 0
+    print(f"q14 kill -9 ({b['killed']}): exit {b['rc']}, {len(b['losses'])} steps; losses and norms "
+          f"{'EQUAL' if same else 'DIFFER'} to the uninterrupted run's")
+    for s, (x, y) in enumerate(zip(a["losses"], b["losses"]), 1):
+        print(f"  step {s}: {x!r} {y!r}{'' if x == y else '  <-- differs'}")
+    print(f"q14 plan: fits {a['plan_fits']}, host {a['planned_host'] / a['params']:.3f} B/param planned")
+PY
