@@ -63,8 +63,8 @@ static int run(struct backend *be, shape s)
     fill_random(be, dout, nq, 4);
     cudaStream_t st = cuda_ctx_of(be)->compute;
     int reps = s.T >= 16384 ? 5 : 20;
-    auto fwd = [&] { o->attention_fwd(be, out, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.D); };
-    auto bwd = [&] { o->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, s.B, s.T, s.Hq, s.Hkv, s.D); };
+    auto fwd = [&] { o->attention_fwd(be, out, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.D); };
+    auto bwd = [&] { o->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, NULL, s.B, s.T, s.Hq, s.Hkv, s.D); };
     float t_f = time_ms(st, 3, reps, fwd);
     float t_b = time_ms(st, 3, reps, bwd);
     float t_fb = time_ms(st, 3, reps, [&] {

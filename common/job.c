@@ -42,6 +42,7 @@ static const struct key_spec key_specs[] = {
     {"data", "shuffle", K_BOOL, OFF(shuffle), 0, 0, NULL, 0},
     {"data", "val_every", K_INT, OFF(val_every), 0, INT_MAX, NULL, 0},
     {"data", "val_sequences", K_INT, OFF(val_sequences), 0, INT_MAX, NULL, 0},
+    {"data", "attention", K_ENUM, OFF(attention), 0, 0, "auto|document|window", 0},
     {"train", "micro_batch", K_INT, OFF(micro_batch), 1, 1 << 20, NULL, 0},
     {"train", "grad_accum", K_INT, OFF(grad_accum), 1, 1 << 20, NULL, 0},
     {"train", "steps", K_INT, OFF(steps), 1, INT_MAX, NULL, 0},

@@ -96,16 +96,19 @@ static bool loss_through(struct worker *w, uint32_t s, uint32_t done, double *su
     return true;
 }
 
-/* Loads micro-batch rows: sequence indices from the order contract. */
+/* Loads micro-batch rows: sequence indices from the order contract; with document attention, their
+ * document positions too, handed to the model. */
 static int load_rows(struct worker *w, struct data_set *d, const int64_t *seq_index, int rows)
 {
     int T = w->T;
     for (int i = 0; i < rows; i++) {
-        if (data_sequence(d, seq_index[i], w->seq_buf, w->mask + (size_t)i * T) != 0)
+        int32_t *pos = w->positions ? w->positions + (size_t)i * T : NULL;
+        if (data_sequence_positions(d, seq_index[i], w->seq_buf, w->mask + (size_t)i * T, pos) != 0)
             return -1;
         memcpy(w->tokens + (size_t)i * T, w->seq_buf, sizeof(int32_t) * (size_t)T);
         memcpy(w->targets + (size_t)i * T, w->seq_buf + 1, sizeof(int32_t) * (size_t)T);
     }
+    model_set_positions(&w->model, w->positions);
     return 0;
 }
 
@@ -355,6 +358,8 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     w->mask = malloc(n);
     w->seq_buf = malloc(((size_t)w->T + 1) * sizeof(int32_t));
     w->seq_index = malloc((size_t)w->mb * sizeof(int64_t));
+    bool documents = h->job.attention == ATTENTION_DOCUMENT; /* resolved by the launcher */
+    w->positions = documents ? malloc(n * sizeof(int32_t)) : NULL;
     pthread_mutex_init(&w->post_mu, NULL);
     pthread_cond_init(&w->post_more, NULL);
     pthread_cond_init(&w->post_space, NULL);
@@ -362,7 +367,7 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     if (pthread_create(&w->poster, NULL, poster_main, w) != 0)
         return sd_err("cannot start the poster thread");
     if (!w->tokens || !w->targets || !w->correct || !w->row_scale || !w->loss_rows || !w->mask || !w->seq_buf ||
-        !w->seq_index)
+        !w->seq_index || (documents && !w->positions))
         return sd_err("out of memory");
     return 0;
 }

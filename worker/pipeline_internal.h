@@ -85,6 +85,7 @@ struct worker {
     float *row_scale, *loss_rows;
     uint8_t *mask;
     int32_t *seq_buf;
+    int32_t *positions; /* the micro-batch's document positions, with document attention (else NULL) */
 };
 
 /* pipeline.c: the process's phase and heartbeat, and leaving when the job is torn down */
