@@ -332,12 +332,30 @@ static void test_packed_equals_padded(void **state)
     tu_rmrf(dir);
 }
 
+/* Document attention asked for on data that marks no document start: exit 2, nothing created. */
+static void test_document_needs_marks(void **state)
+{
+    const char *dir = tu_tmpdir(1, "docattn-llmc");
+    char *log = NULL;
+    int rc = tu_sh(&log, "%s %s/job.ini data.attention=document log.dir=%s/log checkpoint.dir=%s/ckpt",
+                   tu_bin("slidedp-launch"), tu_src("tests/fixtures/qwen3_tied"), dir, dir);
+    printf("# exit %d: %s", rc, log);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(log, "attention = document"));
+    char ckpt[1100];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
+    assert_false(tu_exists(ckpt));
+    free(log);
+    tu_rmrf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures_cpu),
         cmocka_unit_test(test_fixtures_cuda),
         cmocka_unit_test(test_packed_equals_padded),
+        cmocka_unit_test(test_document_needs_marks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
