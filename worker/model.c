@@ -273,8 +273,13 @@ static const int32_t *model_positions(const struct model *m)
 
 void model_set_positions(struct model *m, const int32_t *positions)
 {
-    m->documents = positions != NULL;
-    if (positions)
+    /* rows that are each one document run as whole windows: the same math, and the backend may
+     * then take its dense kernels (cuDNN's on CUDA) */
+    bool one_each = true;
+    for (int i = 0; positions && one_each && i < m->N; i++)
+        one_each = positions[i] == i % m->T;
+    m->documents = !one_each;
+    if (m->documents)
         m->be->ops->upload(m->be, m->d_pos, positions, sizeof(int32_t) * (size_t)m->N);
 }
 
