@@ -287,6 +287,24 @@ int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *targe
     return data_sequence_positions(d, k, tokens, target_mask, NULL);
 }
 
+double data_attention_pairs(struct data_set *d, int64_t max_sequences)
+{
+    int64_t n = d->num_sequences, step = n > max_sequences ? n / max_sequences : 1, seen = 0;
+    int32_t *tokens = malloc(((size_t)d->seq_len + 1) * sizeof *tokens);
+    int32_t *pos = malloc((size_t)d->seq_len * sizeof *pos);
+    double sum = 0, whole = (double)d->seq_len * (d->seq_len + 1.0) / 2.0;
+    for (int64_t kk = 0; tokens && pos && kk < n && seen < max_sequences; kk += step, seen++) {
+        read_sequence(d, kk, tokens, NULL, pos);
+        double pairs = 0;
+        for (int t = 0; t < d->seq_len; t++)
+            pairs += pos[t] + 1.0; /* query t sees the pos[t] keys before it in its document, and itself */
+        sum += pairs / whole;
+    }
+    free(tokens);
+    free(pos);
+    return seen > 0 ? sum / (double)seen : 1.0;
+}
+
 /* Steps whose batches are looked at one by one, at most (steps x batch sequences). */
 #define CHECK_STEPS_MAX_SEQUENCES ((int64_t)1 << 26)
 

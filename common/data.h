@@ -66,6 +66,11 @@ int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *targe
 int data_sequence_positions(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask,
                             int32_t *positions);
 
+/* The mean, over up to max_sequences stored sequences spread evenly over the data, of the (query,
+ * key) pairs document attention visits in a sequence over those of a whole causal window,
+ * T(T+1)/2: 1 for data that marks no document start, less for windows of several documents. */
+double data_attention_pairs(struct data_set *d, int64_t max_sequences);
+
 /* Refuses data without a training target, or (order known up front; up to 2^26 sequences looked
  * at) where one of steps 1..steps, each of `batch` sequences, has none. Only SFT shards can lack
  * targets. */

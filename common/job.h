@@ -51,6 +51,9 @@ struct job_config {
     int val_every;                 /* steps between validation passes; 0 = only at the end */
     int val_sequences;             /* sequences of the val set per pass; 0 = all */
     enum attention_kind attention;
+    double attention_pairs;        /* not a key: with document attention, the part of whole windows'
+                                    * causal (query, key) pairs the training data's documents have,
+                                    * measured before planning (data_attention_pairs); 0: whole windows */
 
     /* [train] */
     int micro_batch;
@@ -131,6 +134,12 @@ static inline bool job_document_attention(const struct job_config *job, bool dat
 {
     return job->attention == ATTENTION_DOCUMENT || (job->attention == ATTENTION_AUTO && data_marks_documents);
 }
+
+struct data_set;
+/* Resolves [data] attention against the opened training data (auto: document when it marks document
+ * starts) and, for document attention, measures attention_pairs on it; fails (naming the key) on
+ * document attention for data that marks no document start. slidedp-launch and slidedp-plan. */
+int job_resolve_attention(struct job_config *job, struct data_set *train);
 
 /* Whether the model is validated after update s: there is a validation set, and s is the last
  * step or a multiple of val_every. */

@@ -497,14 +497,11 @@ int state_create(struct job_state *st)
         data_close(&data);
         return sd_err_prefix("[data] train %s", job->data_train);
     }
-    bool marks_documents = data.has_flags;
+    /* workers and monitors read the resolved choice; the planner prices attention by the data's documents */
+    int resolved = job_resolve_attention(job, &data);
     data_close(&data);
-    if (job->attention == ATTENTION_DOCUMENT && !marks_documents)
-        return sd_err("[data] attention = document: %s marks no document starts (llm.c shards); use attention = "
-                      "window, or SFT shards (slidedp-data)",
-                      job->data_train);
-    /* workers and monitors read the resolved choice */
-    job->attention = job_document_attention(job, marks_documents) ? ATTENTION_DOCUMENT : ATTENTION_WINDOW;
+    if (resolved != 0)
+        return -1;
     if (job->data_val[0]) {
         if (data_open(job->data_val, job->seq_len, st->cfg.vocab_size, false, job->seed, &data) != 0)
             return sd_err_prefix("[data] val");

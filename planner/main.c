@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/data.h"
 #include "common/err.h"
 #include "common/fsutil.h"
 #include "common/job.h"
@@ -682,6 +683,16 @@ int main(int argc, char **argv)
     if (model_config_load(cfg_path, &cfg) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         return 2;
+    }
+    /* attention priced by the training data's documents where it can be read (else whole windows) */
+    struct data_set train;
+    if (data_open(job.data_train, job.seq_len, 0, false, job.seed, &train) == 0) {
+        int resolved = job_resolve_attention(&job, &train);
+        data_close(&train);
+        if (resolved != 0) {
+            fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
+            return 2;
+        }
     }
     char warning[512];
     if (model_config_seq_len_warning(&cfg, job.seq_len, warning, sizeof warning))

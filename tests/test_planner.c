@@ -149,6 +149,35 @@ static struct plan hand_plan(int lpc, int buffers, int slots, int procs, int mod
     return p;
 }
 
+/* Document attention is priced by the pairs the data's documents have (job.h attention_pairs): at a
+ * quarter of a whole window's pairs the step's FLOPs drop by three quarters of attention's (cost_step
+ * counts a layer's forward three times, for the forward and the backward's two products, and
+ * attention's 4*P*D 1.5 times more: 4.5*4*P*D per layer and micro-step), and the device time with
+ * them; 0 prices whole windows, as 1 does. */
+static void test_document_attention_priced(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct layout lay;
+    struct step_pred whole, docs, one;
+    struct plan p = hand_plan(1, 6, 4, 1, UPDATE_AFTER_BACKWARD);
+    struct job_config job = job_of(DEVICE_CUDA, 1, 2, 2048, 2);
+    price_plan(&cfg, &job, &p, &lay, &whole, NULL, NULL);
+    layout_free(&lay);
+    job.attention_pairs = 1;
+    price_plan(&cfg, &job, &p, &lay, &one, NULL, NULL);
+    layout_free(&lay);
+    job.attention_pairs = 0.25;
+    price_plan(&cfg, &job, &p, &lay, &docs, NULL, NULL);
+    layout_free(&lay);
+    double P = 2.0 * cfg.num_heads * 2048 * 2049 / 2, attn = 4.5 * 4 * P * cfg.head_dim * cfg.num_layers * 2;
+    printf("# step FLOPs whole windows %.4g, a quarter of the pairs %.4g (attention %.4g of them); device %.3g s "
+           "vs %.3g s\n",
+           whole.flops, docs.flops, attn, whole.compute_s, docs.compute_s);
+    assert_true(whole.flops == one.flops && whole.compute_s == one.compute_s);
+    assert_true(fabs((whole.flops - docs.flops) - 0.75 * attn) < 1e-6 * whole.flops);
+    assert_true(docs.compute_s < whole.compute_s);
+}
+
 /* The update as host memory bounds it (planner/cost.c update_s), on the tiny model with every chunk
  * resident, one optimizer process of one thread (test_calib: fp32 AdamW 0.5 G params/s, so 15 GB/s
  * at its 30 bytes per parameter; bf16 state 0.4 G params/s). Each update carries the G ranks' next
@@ -1163,6 +1192,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layer_flops),
+        cmocka_unit_test(test_document_attention_priced),
         cmocka_unit_test(test_bytes_per_pass),
         cmocka_unit_test(test_update_shares_host_memory),
         cmocka_unit_test(test_memory_footprint),
