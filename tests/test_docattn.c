@@ -245,10 +245,10 @@ static int write_shards(const char *packed, const char *padded, uint64_t seed)
     return ndocs;
 }
 
-/* Trains the qwen3_tied fixture's model on shard for 3 steps of `rows` sequences; returns the final
- * weights (parameter space) and the step losses. */
+/* Trains the qwen3_tied fixture's model on shard for 3 steps; returns the final weights (parameter
+ * space), and from metrics.jsonl the step losses and the first step's targets and documents. */
 static float *train_on(const char *dir, const char *tag, const char *shard, int micro_batch, int grad_accum,
-                       const char *extra, const struct layout *lay, double *losses)
+                       const char *extra, const struct layout *lay, double *losses, double *targets_docs)
 {
     char ini[1400], cmd[1400];
     snprintf(ini, sizeof ini, "%s/%s.ini", dir, tag);
@@ -269,6 +269,8 @@ static float *train_on(const char *dir, const char *tag, const char *shard, int 
     free(log);
     snprintf(cmd, sizeof cmd, "%s/%s-log/metrics.jsonl", dir, tag);
     assert_int_equal(tu_metrics_values(cmd, "loss", losses, 3), 3);
+    assert_int_equal(tu_metrics_values(cmd, "targets", &targets_docs[0], 1), 1);
+    assert_int_equal(tu_metrics_values(cmd, "documents", &targets_docs[1], 1), 1);
     snprintf(cmd, sizeof cmd, "%s/%s-ckpt/final", dir, tag);
     return tu_load_weights(cmd, lay);
 }
@@ -306,12 +308,16 @@ static void test_packed_equals_padded(void **state)
     assert_int_equal(layout_build(&cfg, 1, &lay), 0);
     float *w0 = tu_load_weights(tu_src("tests/fixtures/qwen3_tied/model"), &lay);
 
-    double l_pk[3], l_pd[3], l_rc[3], l_win[3];
+    double l_pk[3], l_pd[3], l_rc[3], l_win[3], n_pk[2], n_pd[2], n_rc[2], n_win[2];
     /* both windows in one micro-batch; the 9 padded rows as 3 micro-steps of 3 */
-    float *pk = train_on(dir, "packed", packed, 2, 1, "", &lay, l_pk);
-    float *pd = train_on(dir, "padded", padded, 3, 3, "", &lay, l_pd);
-    float *rc = train_on(dir, "recompute", packed, 1, 2, "runtime.activations=recompute", &lay, l_rc);
-    float *win = train_on(dir, "window", packed, 2, 1, "data.attention=window", &lay, l_win);
+    float *pk = train_on(dir, "packed", packed, 2, 1, "", &lay, l_pk, n_pk);
+    float *pd = train_on(dir, "padded", padded, 3, 3, "", &lay, l_pd, n_pd);
+    float *rc = train_on(dir, "recompute", packed, 1, 2, "runtime.activations=recompute", &lay, l_rc, n_rc);
+    float *win = train_on(dir, "window", packed, 2, 1, "data.attention=window", &lay, l_win, n_win);
+    printf("# metrics per step: packed %.0f targets in %.0f documents, padded %.0f in %.0f\n", n_pk[0], n_pk[1],
+           n_pd[0], n_pd[1]);
+    assert_true(n_pk[0] == n_pd[0] && n_rc[0] == n_pd[0] && n_win[0] == n_pd[0]);
+    assert_true(n_pk[1] == ndocs && n_pd[1] == ndocs && n_rc[1] == ndocs && n_win[1] == ndocs);
     double e_pd = worst_vs_update(pk, pd, w0, &lay), e_rc = worst_vs_update(rc, pd, w0, &lay);
     double e_win = worst_vs_update(win, pd, w0, &lay);
     for (int s = 0; s < 3; s++)
