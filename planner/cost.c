@@ -237,7 +237,8 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
                        + 3 * al(N * I * act, a) + al(N * C * act, a) /* bw_ni0..2, bw_nc */
                        + 2 * al(N * q * act, a) + 3 * al(N * kv * act, a); /* bw_q, bw_q2, bw_k, bw_v, bw_k2 */
     out->logits = al((int64_t)mc->plan->logits_rows * V * act, a);
-    out->misc = 5 * al(N * 4, a) + 2 * al(T * (D / 2) * 4, a); /* tokens, targets, correct, row_scale, loss */
+    /* tokens, targets, correct, document positions, row_scale, loss; the RoPE tables */
+    out->misc = 6 * al(N * 4, a) + 2 * al(T * (D / 2) * 4, a);
     /* CPU: the attention backward's double scratch. CUDA: the cuBLASLt workspace (32 MiB), the
      * conversion staging (16 MiB), the bf16 gradient staging (16 MiB) and the op scratch, the
      * larger of the attention backward's (cuDNN's: its workspace, about the size of its fp32 dQ
