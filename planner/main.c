@@ -360,6 +360,10 @@ static cJSON *job_json(const struct report *r)
     cJSON_AddStringToObject(job, "device", r->job->device == DEVICE_CPU ? "cpu" : "cuda");
     cJSON_AddNumberToObject(job, "gpus", r->job->gpus);
     cJSON_AddNumberToObject(job, "tokens_per_step", r->tokens);
+    /* auto: the training data could not be read, and attention is priced for whole windows */
+    static const char *const attention[] = {"auto", "document", "window"};
+    cJSON_AddStringToObject(job, "attention", attention[r->job->attention]);
+    cJSON_AddNumberToObject(job, "attention_pairs", r->job->attention_pairs > 0 ? r->job->attention_pairs : 1);
     return job;
 }
 
