@@ -3,7 +3,8 @@
  * each document's loss, its own gradient's norm per parameter, and the gradient of the packed loss,
  * on the CPU backend (and on CUDA with SLIDEDP_DOCATTN_CUDA=1 in a CUDA build). End to end through
  * slidedp-launch: one packed shard gives the weights that the same documents padded one per row
- * give, with activations kept or recomputed; whole-window attention on the packed shard does not. */
+ * give, with activations kept or recomputed, on one worker or two (bit-identical); whole-window
+ * attention on the packed shard does not. */
 #include "tests/testutil.h"
 
 #include <cjson/cJSON.h>
@@ -314,6 +315,9 @@ static void test_packed_equals_padded(void **state)
     float *pd = train_on(dir, "padded", padded, 3, 3, "", &lay, l_pd, n_pd);
     float *rc = train_on(dir, "recompute", packed, 1, 2, "runtime.activations=recompute", &lay, l_rc, n_rc);
     float *win = train_on(dir, "window", packed, 2, 1, "data.attention=window", &lay, l_win, n_win);
+    /* data parallel: the two windows on two CPU workers train what one worker's two micro-steps do */
+    double l_g2[3], n_g2[2];
+    float *g2 = train_on(dir, "gpus2", packed, 1, 1, "runtime.gpus=2 runtime.activations=recompute", &lay, l_g2, n_g2);
     printf("# metrics per step: packed %.0f targets in %.0f documents, padded %.0f in %.0f\n", n_pk[0], n_pk[1],
            n_pd[0], n_pd[1]);
     assert_true(n_pk[0] == n_pd[0] && n_rc[0] == n_pd[0] && n_win[0] == n_pd[0]);
@@ -333,7 +337,10 @@ static void test_packed_equals_padded(void **state)
     assert_true(e_pd < 1e-3);
     assert_true(e_rc < 1e-3);
     assert_true(e_win > 0.05); /* cross-document attention trains something else */
-    free(pk), free(pd), free(rc), free(win), free(w0);
+    printf("# --gpus 2 bit-identical to one worker's two micro-steps: %s\n",
+           memcmp(g2, rc, sizeof(float) * (size_t)lay.total_numel) ? "no" : "yes");
+    assert_memory_equal(g2, rc, sizeof(float) * (size_t)lay.total_numel);
+    free(pk), free(pd), free(rc), free(win), free(g2), free(w0);
     layout_free(&lay);
     tu_rmrf(dir);
 }
