@@ -65,10 +65,10 @@ open(sys.argv[1], "wb").write(h.tobytes() + t.astype("<u4").tobytes() + f.tobyte
 docs = int((f & 2).sum())
 print(f"docattn shard: {windows} windows, {docs} documents, mean length {len(t) / docs:.0f} tokens (padding included)")
 PY
+bench_job "$d"
 for att in document window; do
-    bench_job "$d/$att"
-    timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" train.grad_accum=8 train.steps=6 \
-        data.attention=$att > "$out/step_$att.log" 2>&1
+    timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" "log.dir=$d/$att/log" \
+        "checkpoint.dir=$d/$att/ckpt" train.grad_accum=8 train.steps=6 data.attention=$att > "$out/step_$att.log" 2>&1
     log "train $att attention: exit $?"
 done
 python3 - "$d" <<'PY' | tee -a "$out/summary.log"
