@@ -1,4 +1,4 @@
-/* Best-fit packing (tools/pack.h, slidedp-data tokenize --pack-fit): a worked example against the
+/* Best-fit packing (ingest/pack.h, slidedp-data tokenize --pack-fit): a worked example against the
  * hand-computed windows, and on random lengths: every document once, no window over its size,
  * best-ordered keeping input order, and never more windows than greedy packing needs. */
 #include "tests/testutil.h"
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/pack.h"
+#include "ingest/pack.h"
 
 /* Windows greedy packing (in input order, a new window when a document does not fit) needs. */
 static int64_t greedy_windows(const int64_t *len, int64_t n, int64_t window)

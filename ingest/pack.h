@@ -1,5 +1,5 @@
 /* Best-fit packing of documents into fixed windows, for `slidedp-data tokenize --pack N --pack-fit`
- * (tools/tokenize_cmd.c; greedy packing, in input order, stays there). */
+ * (ingest/tokenize_cmd.c; greedy packing, in input order, stays there). */
 #ifndef SD_PACK_H
 #define SD_PACK_H
 
