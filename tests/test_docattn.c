@@ -1,10 +1,13 @@
 /* Document attention (issue 30, docs/design.md §2.3): a packed window trains what each of its
- * documents alone trains. Against transformers (tests/fixtures/<name>_docs from gen_doc_fixtures.py):
- * each document's loss, its own gradient's norm per parameter, and the gradient of the packed loss,
- * on the CPU backend (and on CUDA with SLIDEDP_DOCATTN_CUDA=1 in a CUDA build). End to end through
- * slidedp-launch: one packed shard gives the weights that the same documents padded one per row
- * give, with activations kept or recomputed, on one worker or two (bit-identical); whole-window
- * attention on the packed shard does not. */
+ * documents alone trains. In make test, with no transformers: on the CPU backend, each document of
+ * a packed shard against the same document alone in its own window (positions from 0), its loss and
+ * every parameter's gradient, for the Qwen3, Qwen2.5 and Llama 3 parity models; and end to end
+ * through slidedp-launch, one packed shard gives the weights that the same documents padded one per
+ * row give, with activations kept or recomputed, on one worker or two (bit-identical), while
+ * whole-window attention on the packed shard does not. With the argument "fixtures" (registered
+ * only where tests/fixtures/<name>_docs exist, from gen_doc_fixtures.py): against transformers, each
+ * document's loss, its own gradient's norm per parameter and the packed loss's gradient, on the CPU
+ * backend (and on CUDA with SLIDEDP_DOCATTN_CUDA=1 in a CUDA build). */
 #include "tests/testutil.h"
 
 #include <cjson/cJSON.h>
@@ -345,6 +348,100 @@ static void test_packed_equals_padded(void **state)
     tu_rmrf(dir);
 }
 
+/* The packed shard's two windows against each document alone in its own window (positions from 0,
+ * whole-window attention, the same targets), on the CPU backend, for the Qwen3, Qwen2.5 and Llama 3
+ * parity models: each document's loss and every parameter's gradient of its mean loss. */
+static void check_alone(const char *fixture, const char *packed)
+{
+    char model_dir[1200], p[1300];
+    snprintf(model_dir, sizeof model_dir, "%s/%s/model", tu_src("tests/fixtures"), fixture);
+    snprintf(p, sizeof p, "%s/config.json", model_dir);
+    struct model_config cfg;
+    if (model_config_load(p, &cfg) != 0)
+        fail_msg("%s", sd_errmsg());
+    struct backend be;
+    assert_int_equal(backend_cpu_init(&be), 0);
+    enum { B = 2, N = B * EQ_T };
+    struct resident_model rm;
+    if (resident_model_load(&rm, &be, &cfg, model_dir, B, EQ_T) != 0)
+        fail_msg("%s", sd_errmsg());
+    struct data_set data;
+    if (data_open(packed, EQ_T, cfg.vocab_size, false, 0, &data) != 0)
+        fail_msg("%s", sd_errmsg());
+    int32_t tokens[N], targets[N], pos[N], seq[EQ_T + 1];
+    uint8_t mask[N];
+    float loss[N], scale[N];
+    for (int i = 0; i < B; i++) {
+        assert_int_equal(data_sequence_positions(&data, i, seq, mask + i * EQ_T, pos + i * EQ_T), 0);
+        memcpy(tokens + i * EQ_T, seq, sizeof(int32_t) * EQ_T);
+        memcpy(targets + i * EQ_T, seq + 1, sizeof(int32_t) * EQ_T);
+    }
+    model_set_positions(&rm.model, pos);
+    size_t P = (size_t)rm.lay.total_numel;
+    float *packed_grad = malloc(P * sizeof(float));
+    double worst_loss = 0, worst_grad = 0;
+    int checked = 0;
+    for (int w = 0; w < B; w++)
+        for (int j = 0, start = 0; j < 5 && eq_windows[w][j]; start += eq_windows[w][j++]) {
+            int len = eq_windows[w][j], first = w * EQ_T + start, n = 0;
+            for (int i = 0; i < N; i++)
+                n += i >= first && i < first + len - 1 && mask[i];
+            if (n == 0)
+                continue; /* a 1-token document: nothing to predict, but its neighbours must not see it */
+            for (int i = 0; i < N; i++)
+                scale[i] = i >= first && i < first + len - 1 && mask[i] ? (float)(1.0 / n) : 0.0f;
+            resident_model_clear_grads(&rm);
+            model_train_step(&rm.model, &rm.io, tokens, targets, scale, loss, NULL);
+            memcpy(packed_grad, rm.grads, P * sizeof(float));
+            double packed_loss = 0;
+            for (int i = 0; i < N; i++)
+                packed_loss += scale[i] > 0 ? loss[i] / n : 0;
+
+            /* alone: its len tokens as one window of len - 1 inputs */
+            struct resident_model one;
+            if (resident_model_load(&one, &be, &cfg, model_dir, 1, len - 1) != 0)
+                fail_msg("%s", sd_errmsg());
+            float *s1 = malloc(sizeof(float) * (size_t)len), *l1 = malloc(sizeof(float) * (size_t)len);
+            for (int i = 0; i < len - 1; i++)
+                s1[i] = scale[first + i];
+            resident_model_clear_grads(&one);
+            model_train_step(&one.model, &one.io, tokens + first, targets + first, s1, l1, NULL);
+            double alone_loss = 0;
+            for (int i = 0; i < len - 1; i++)
+                alone_loss += s1[i] > 0 ? l1[i] / n : 0;
+            double el = fabs(packed_loss - alone_loss) / alone_loss, eg = rel_err(packed_grad, one.grads, P);
+            worst_loss = el > worst_loss ? el : worst_loss;
+            worst_grad = eg > worst_grad ? eg : worst_grad;
+            checked++;
+            free(s1), free(l1);
+            resident_model_free(&one);
+        }
+    printf("# %-18s %d documents packed against each alone: loss worst rel err %.1e, gradient (all parameters) "
+           "worst rel err %.1e\n",
+           fixture, checked, worst_loss, worst_grad);
+    assert_int_equal(checked, 7);
+    assert_true(worst_loss < 1e-6);
+    assert_true(worst_grad < 1e-5);
+    free(packed_grad);
+    data_close(&data);
+    resident_model_free(&rm);
+    backend_cpu_free(&be);
+}
+
+static void test_packed_equals_alone(void **state)
+{
+    uint64_t seed = tu_seed("packed_equals_alone", 31);
+    const char *dir = tu_tmpdir(2, "docattn-alone");
+    char packed[1200], padded[1200];
+    snprintf(packed, sizeof packed, "%s/packed.bin", dir);
+    snprintf(padded, sizeof padded, "%s/padded.bin", dir);
+    write_shards(packed, padded, seed);
+    static const char *const models[] = {"qwen3_tied", "qwen3_untied_gqa8", "qwen2", "llama3"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+        check_alone(models[i], packed);
+    tu_rmrf(dir);
+}
+
 /* Document attention asked for on data that marks no document start: exit 2, nothing created. */
 static void test_document_needs_marks(void **state)
 {
@@ -362,13 +459,20 @@ static void test_document_needs_marks(void **state)
     tu_rmrf(dir);
 }
 
-int main(void)
+/* With the argument "fixtures" (tests/meson.build registers it only where the fixtures exist): the
+ * transformers comparisons; else the equivalences that need no transformers. */
+int main(int argc, char **argv)
 {
-    const struct CMUnitTest tests[] = {
+    const struct CMUnitTest fixture_tests[] = {
         cmocka_unit_test(test_fixtures_cpu),
         cmocka_unit_test(test_fixtures_cuda),
+    };
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_packed_equals_alone),
         cmocka_unit_test(test_packed_equals_padded),
         cmocka_unit_test(test_document_needs_marks),
     };
+    if (argc > 1 && !strcmp(argv[1], "fixtures"))
+        return cmocka_run_group_tests(fixture_tests, NULL, NULL);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
