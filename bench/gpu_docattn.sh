@@ -2,7 +2,8 @@
 # Document attention (issue 30) on a GPU host, run from the repo root with the fixtures of
 # tests/fixtures/*_docs in place: builds (bench/gpu_build.sh), then
 #   1. the CUDA op parity test, document cases included (cuDNN where it loads, then the built-in
-#      kernels alone), and tests/test_docattn.c's fixtures on CUDA, deterministic and not;
+#      kernels alone), and tests/test_docattn.c's fixtures on CUDA, deterministic and not (the fixtures
+#      from tests/fixtures/gen_doc_fixtures.py must be in tests/fixtures/ before the build configures);
 #   2. the attention kernels alone at Qwen3-1.7B's shape (B=2 T=4096, 16 query heads, 8 kv, D=128),
 #      document attention against dense causal attention for several length mixes (bench_attention);
 #   3. step time of the Qwen3-1.7B job (seq 4096, 2 sequences per micro-step, 8 micro-steps) on one
@@ -19,7 +20,7 @@ log "test_backend_ops, built-in attention, exit $?"
 grep -E 'FAILED|NOT BIT|non-finite' "$out/backend_ops.log" "$out/backend_ops_builtin.log" | grep -v broken | head -20 |
     tee -a "$out/summary.log"
 for det in 1 0; do
-    SLIDEDP_DOCATTN_CUDA=1 SLIDEDP_DOCATTN_DETERMINISTIC=$det timeout 300 "$build/tests/test_docattn" \
+    SLIDEDP_DOCATTN_CUDA=1 SLIDEDP_DOCATTN_DETERMINISTIC=$det timeout 300 "$build/tests/test_docattn_fixtures" fixtures \
         > "$out/docattn_cuda_det$det.log" 2>&1
     log "test_docattn on CUDA, deterministic $det: exit $?"
     grep -E '^# |FAILED' "$out/docattn_cuda_det$det.log" | grep -v 'step\|final weights' | tee -a "$out/summary.log"
