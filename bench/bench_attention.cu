@@ -1,10 +1,13 @@
 /* Times the CUDA backend's causal attention (forward, backward, forward+backward) with CUDA events
  * on the backend's compute stream: warm-up, then the median of repeats, at the shapes of docs/performance.md §1
  * (D=128, 16 query heads, 8 kv heads; B=2 T=4096 and B=1 T=32768). TFLOP/s use the standard causal
- * count: forward 4*B*Hq*T*T*D/2, backward 2.5x forward. Not a test; built when CUDA is. */
+ * count: forward 4*B*Hq*T*T*D/2, backward 2.5x forward. Then document attention (issue 30) against
+ * dense causal attention at B=2 T=4096 for several document-length mixes. Not a test; built when
+ * CUDA is. */
 #include "worker/cuda/cuda_common.cuh"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <vector>
 
@@ -46,25 +49,51 @@ static float time_ms(cudaStream_t st, int warm, int reps, F fn)
     return ms[reps / 2];
 }
 
-static int run(struct backend *be, shape s)
+/* The tensors of one attention call and its backward, q, k, v and dout random. */
+struct bufs {
+    size_t nq;
+    void *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+    float *lse;
+};
+
+static int bufs_alloc(struct backend *be, shape s, struct bufs *b)
 {
     const struct backend_ops *o = be->ops;
     size_t nq = (size_t)s.B * s.T * s.Hq * s.D, nk = (size_t)s.B * s.T * s.Hkv * s.D, nl = (size_t)s.B * s.Hq * s.T;
-    void *q = o->alloc(be, nq * 2), *k = o->alloc(be, nk * 2), *v = o->alloc(be, nk * 2), *out = o->alloc(be, nq * 2);
-    void *dout = o->alloc(be, nq * 2), *dq = o->alloc(be, nq * 2), *dk = o->alloc(be, nk * 2), *dv = o->alloc(be, nk * 2);
-    float *lse = (float *)o->alloc(be, nl * 4);
-    if (!q || !k || !v || !out || !dout || !dq || !dk || !dv || !lse) {
+    b->nq = nq;
+    b->q = o->alloc(be, nq * 2);
+    b->k = o->alloc(be, nk * 2);
+    b->v = o->alloc(be, nk * 2);
+    b->out = o->alloc(be, nq * 2);
+    b->dout = o->alloc(be, nq * 2);
+    b->dq = o->alloc(be, nq * 2);
+    b->dk = o->alloc(be, nk * 2);
+    b->dv = o->alloc(be, nk * 2);
+    b->lse = (float *)o->alloc(be, nl * 4);
+    if (!b->q || !b->k || !b->v || !b->out || !b->dout || !b->dq || !b->dk || !b->dv || !b->lse) {
         fprintf(stderr, "bench_attention: %s\n", sd_errmsg());
         return 1;
     }
-    fill_random(be, q, nq, 1);
-    fill_random(be, k, nk, 2);
-    fill_random(be, v, nk, 3);
-    fill_random(be, dout, nq, 4);
+    fill_random(be, b->q, nq, 1);
+    fill_random(be, b->k, nk, 2);
+    fill_random(be, b->v, nk, 3);
+    fill_random(be, b->dout, nq, 4);
+    return 0;
+}
+
+static int run(struct backend *be, shape s)
+{
+    const struct backend_ops *o = be->ops;
+    struct bufs bb;
+    if (bufs_alloc(be, s, &bb) != 0)
+        return 1;
+    size_t nq = bb.nq;
+    void *q = bb.q, *k = bb.k, *v = bb.v, *out = bb.out, *dout = bb.dout, *dq = bb.dq, *dk = bb.dk, *dv = bb.dv;
+    float *lse = bb.lse;
     cudaStream_t st = cuda_ctx_of(be)->compute;
     int reps = s.T >= 16384 ? 5 : 20;
-    auto fwd = [&] { o->attention_fwd(be, out, lse, q, k, v, s.B, s.T, s.Hq, s.Hkv, s.D); };
-    auto bwd = [&] { o->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, s.B, s.T, s.Hq, s.Hkv, s.D); };
+    auto fwd = [&] { o->attention_fwd(be, out, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.D); };
+    auto bwd = [&] { o->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, NULL, s.B, s.T, s.Hq, s.Hkv, s.D); };
     float t_f = time_ms(st, 3, reps, fwd);
     float t_b = time_ms(st, 3, reps, bwd);
     float t_fb = time_ms(st, 3, reps, [&] {
@@ -90,6 +119,77 @@ static int run(struct backend *be, shape s)
     return bad != 0;
 }
 
+/* Document positions (B,T) of documents drawn from mix, laid greedily into rows (a document that
+ * does not fit the rest of a row starts the next; the rest is padding that continues the row's last
+ * document). Returns the (query, key) pairs document attention visits, per head. */
+static double pack_positions(std::vector<int32_t> &pos, int B, int T, const char *mix, uint64_t seed)
+{
+    pos.assign((size_t)B * T, 0);
+    uint64_t s = seed;
+    auto uniform = [&] {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        return ((double)(s >> 11) + 0.5) / 9007199254740992.0;
+    };
+    double pairs = 0;
+    for (int b = 0; b < B; b++) {
+        int32_t *row = pos.data() + (size_t)b * T;
+        for (int t = 0; t < T;) {
+            int len;
+            if (!strcmp(mix, "lognormal600")) { /* exp(N(6.0, 0.9)): mean 605, median 403, tail clipped at T */
+                double z = sqrt(-2.0 * log(uniform())) * cos(2.0 * M_PI * uniform());
+                len = (int)std::min((double)T, std::ceil(exp(6.0 + 0.9 * z)));
+            } else {
+                len = atoi(mix); /* a fixed length */
+            }
+            if (t > 0 && t + len > T) { /* the next row takes a document that does not fit: padding */
+                for (; t < T; t++)
+                    row[t] = row[t - 1] + 1;
+                break;
+            }
+            for (int i = 0; i < len && t < T; i++, t++)
+                row[t] = i;
+        }
+        for (int t2 = 0; t2 < T; t2++)
+            pairs += pos[(size_t)b * T + t2] + 1;
+    }
+    return pairs;
+}
+
+/* Document attention against dense causal attention at one length mix: fwd+bwd milliseconds of
+ * both, on the same tensors. */
+static int run_documents(struct backend *be, shape s, const char *mix)
+{
+    const struct backend_ops *o = be->ops;
+    struct bufs bb;
+    int32_t *pos = (int32_t *)o->alloc(be, (size_t)s.B * s.T * 4);
+    if (!pos || bufs_alloc(be, s, &bb) != 0)
+        return 1;
+    void *q = bb.q, *k = bb.k, *v = bb.v, *out = bb.out, *dout = bb.dout, *dq = bb.dq, *dk = bb.dk, *dv = bb.dv;
+    float *lse = bb.lse;
+    std::vector<int32_t> hpos;
+    double pairs = pack_positions(hpos, s.B, s.T, mix, 5), dense = (double)s.B * s.T * (s.T + 1) / 2;
+    o->upload(be, pos, hpos.data(), hpos.size() * 4);
+    cudaStream_t st = cuda_ctx_of(be)->compute;
+    auto fb = [&](const int32_t *p) {
+        return time_ms(st, 3, 20, [&] {
+            o->attention_fwd(be, out, lse, q, k, v, p, s.B, s.T, s.Hq, s.Hkv, s.D);
+            o->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, p, s.B, s.T, s.Hq, s.Hkv, s.D);
+        });
+    };
+    float t_doc = fb(pos), t_dense = fb(NULL);
+    int docs = 0;
+    for (int32_t x : hpos)
+        docs += x == 0;
+    printf("attention B=%d T=%d documents %s: %d documents, %.1f%% of the causal pairs; fwd+bwd document %.3f ms, "
+           "dense causal %.3f ms (%.2fx)\n",
+           s.B, s.T, mix, docs, 100.0 * pairs / dense, t_doc, t_dense, t_dense / t_doc);
+    printf("RESULT docattn_fwdbwd_ms_%s %.3f\nRESULT dense_fwdbwd_ms_%s %.3f\n", mix, t_doc, mix, t_dense);
+    void *bufs[] = {q, k, v, out, dout, dq, dk, dv, lse, pos};
+    for (void *p : bufs)
+        o->free(be, p);
+    return 0;
+}
+
 int main(void)
 {
     struct backend be;
@@ -99,6 +199,10 @@ int main(void)
     }
     printf("device %s\n", be.device_name);
     int rc = run(&be, {2, 4096, 16, 8, 128}) | run(&be, {1, 32768, 16, 8, 128});
+    /* document attention at Qwen3-1.7B's shape: real-length documents (lognormal600), short ones,
+     * half windows and one document per window (the dense case: no slower) */
+    for (const char *mix : {"lognormal600", "64", "256", "2048", "4096"})
+        rc |= run_documents(&be, {2, 4096, 16, 8, 128}, mix);
     backend_cuda_free(&be);
     return rc;
 }

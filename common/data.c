@@ -245,8 +245,9 @@ static int stored_sequence(struct data_set *d, int64_t k, int64_t *kk)
     return 0;
 }
 
-/* Tokens and target mask of stored sequence kk. */
-static void read_sequence(const struct data_set *d, int64_t kk, int32_t *tokens, uint8_t *target_mask)
+/* Tokens, target mask and document positions of stored sequence kk (either output may be NULL). */
+static void read_sequence(const struct data_set *d, int64_t kk, int32_t *tokens, uint8_t *target_mask,
+                          int32_t *positions)
 {
     /* Global positions [pos, pos + T] across the shards concatenated in order. */
     int64_t pos = kk * d->seq_len, end = pos + d->seq_len + 1;
@@ -256,26 +257,52 @@ static void read_sequence(const struct data_set *d, int64_t kk, int32_t *tokens,
         for (; pos < end && pos < base + s->num_tokens; pos++, j++) {
             int64_t i = pos - base;
             tokens[j] = (int32_t)shard_token(s, i);
+            uint8_t f = s->flags ? s->flags[i] : DATA_FLAG_LOSS;
+            /* the window's first token starts a document whatever its flag says */
+            if (positions && j < d->seq_len)
+                positions[j] = j == 0 || (f & DATA_FLAG_DOC_START) ? 0 : positions[j - 1] + 1;
             /* Mask entry j-1 belongs to target j (token j of the sequence). */
-            if (target_mask && j > 0) {
-                uint8_t f = s->flags ? s->flags[i] : DATA_FLAG_LOSS;
+            if (target_mask && j > 0)
                 target_mask[j - 1] = (f & DATA_FLAG_LOSS) && !(f & DATA_FLAG_DOC_START);
-            }
         }
         base += s->num_tokens;
     }
     SD_ASSERT(j == d->seq_len + 1);
 }
 
-int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask)
+int data_sequence_positions(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask,
+                            int32_t *positions)
 {
     if (k < 0)
         return sd_err("sequence index %lld is negative", (long long)k);
     int64_t kk;
     if (stored_sequence(d, k, &kk) != 0)
         return -1;
-    read_sequence(d, kk, tokens, target_mask);
+    read_sequence(d, kk, tokens, target_mask, positions);
     return 0;
+}
+
+int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask)
+{
+    return data_sequence_positions(d, k, tokens, target_mask, NULL);
+}
+
+double data_attention_pairs(struct data_set *d, int64_t max_sequences)
+{
+    int64_t n = d->num_sequences, step = n > max_sequences ? n / max_sequences : 1, seen = 0;
+    int32_t *tokens = malloc(((size_t)d->seq_len + 1) * sizeof *tokens);
+    int32_t *pos = malloc((size_t)d->seq_len * sizeof *pos);
+    double sum = 0, whole = (double)d->seq_len * (d->seq_len + 1.0) / 2.0;
+    for (int64_t kk = 0; tokens && pos && kk < n && seen < max_sequences; kk += step, seen++) {
+        read_sequence(d, kk, tokens, NULL, pos);
+        double pairs = 0;
+        for (int t = 0; t < d->seq_len; t++)
+            pairs += pos[t] + 1.0; /* query t sees the pos[t] keys before it in its document, and itself */
+        sum += pairs / whole;
+    }
+    free(tokens);
+    free(pos);
+    return seen > 0 ? sum / (double)seen : 1.0;
 }
 
 /* Steps whose batches are looked at one by one, at most (steps x batch sequences). */
@@ -290,7 +317,7 @@ int data_check_targets(struct data_set *d, int64_t steps, int64_t batch)
     int32_t *tokens = malloc(((size_t)d->seq_len + 1) * sizeof *tokens);
     int rc = has && mask && tokens ? 0 : sd_err("out of memory checking the training targets");
     for (int64_t kk = 0; kk < n && rc == 0; kk++) {
-        read_sequence(d, kk, tokens, mask);
+        read_sequence(d, kk, tokens, mask, NULL);
         has[kk] = memchr(mask, 1, (size_t)d->seq_len) != NULL;
         with += has[kk];
     }

@@ -59,6 +59,18 @@ void data_close(struct data_set *d);
  * on: always for llm.c shards, from the flags for SFT shards). target_mask may be NULL. */
 int data_sequence(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask);
 
+/* The same, plus positions[T] (may be NULL): each input token's position in its document, 0 at the
+ * window's first token and at every token flagged DATA_FLAG_DOC_START, else one more than the token
+ * before (j for llm.c shards, which mark no document starts). Document attention (worker/model.h
+ * model_set_positions) runs on these. */
+int data_sequence_positions(struct data_set *d, int64_t k, int32_t *tokens, uint8_t *target_mask,
+                            int32_t *positions);
+
+/* The mean, over up to max_sequences stored sequences spread evenly over the data, of the (query,
+ * key) pairs document attention visits in a sequence over those of a whole causal window,
+ * T(T+1)/2: 1 for data that marks no document start, less for windows of several documents. */
+double data_attention_pairs(struct data_set *d, int64_t max_sequences);
+
 /* Refuses data without a training target, or (order known up front; up to 2^26 sequences looked
  * at) where one of steps 1..steps, each of `batch` sequences, has none. Only SFT shards can lack
  * targets. */

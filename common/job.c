@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data.h"
 #include "err.h"
 #include "fsutil.h"
 #include "ini_lines.h"
@@ -42,6 +43,7 @@ static const struct key_spec key_specs[] = {
     {"data", "shuffle", K_BOOL, OFF(shuffle), 0, 0, NULL, 0},
     {"data", "val_every", K_INT, OFF(val_every), 0, INT_MAX, NULL, 0},
     {"data", "val_sequences", K_INT, OFF(val_sequences), 0, INT_MAX, NULL, 0},
+    {"data", "attention", K_ENUM, OFF(attention), 0, 0, "auto|document|window", 0},
     {"train", "micro_batch", K_INT, OFF(micro_batch), 1, 1 << 20, NULL, 0},
     {"train", "grad_accum", K_INT, OFF(grad_accum), 1, 1 << 20, NULL, 0},
     {"train", "steps", K_INT, OFF(steps), 1, INT_MAX, NULL, 0},
@@ -547,4 +549,16 @@ double job_lr_at(const struct job_config *job, int step)
     default:
         return lo + 0.5 * (job->lr - lo) * (1.0 + cos(M_PI * p));
     }
+}
+
+int job_resolve_attention(struct job_config *job, struct data_set *train)
+{
+    if (job->attention == ATTENTION_DOCUMENT && !train->has_flags)
+        return sd_err("[data] attention = document: %s marks no document starts (llm.c shards); use attention = "
+                      "window, or SFT shards (slidedp-data)",
+                      job->data_train);
+    job->attention = job_document_attention(job, train->has_flags) ? ATTENTION_DOCUMENT : ATTENTION_WINDOW;
+    /* a sample of the data prices attention as well as all of it would */
+    job->attention_pairs = job->attention == ATTENTION_DOCUMENT ? data_attention_pairs(train, 4096) : 0;
+    return 0;
 }

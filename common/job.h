@@ -19,6 +19,10 @@ enum update_mode { UPDATE_AUTO = 0, UPDATE_AFTER_BACKWARD = 1, UPDATE_DURING_BAC
 /* The dtype gradients cross to the host in when they go straight into the accumulator. */
 enum grad_dtype { GRAD_FP32 = 0, GRAD_BF16 = 1 };
 enum act_policy { ACT_AUTO = 0, ACT_KEEP = 1, ACT_RECOMPUTE = 2, ACT_OFFLOAD = 3 };
+/* Attention inside a sequence: each document attends to itself with positions from 0 (document), or
+ * the whole window is one causal sequence (window); auto: document when the data marks document
+ * starts (SFT shards), else window. */
+enum attention_kind { ATTENTION_AUTO = 0, ATTENTION_DOCUMENT = 1, ATTENTION_WINDOW = 2 };
 /* Where the optimizer state lives when several hosts train one job (docs/design.md §11). */
 enum host_state { HOST_STATE_AUTO = 0, HOST_STATE_REPLICATED = 1, HOST_STATE_SHARDED = 2 };
 /* The dtype of Adam's m and v on the host (the master weights stay fp32). */
@@ -47,6 +51,10 @@ struct job_config {
     bool shuffle;
     int val_every;                 /* steps between validation passes; 0 = only at the end */
     int val_sequences;             /* sequences of the val set per pass; 0 = all */
+    enum attention_kind attention;
+    double attention_pairs;        /* not a key: with document attention, the part of whole windows'
+                                    * causal (query, key) pairs the training data's documents have,
+                                    * measured before planning (data_attention_pairs); 0: whole windows */
 
     /* [train] */
     int micro_batch;
@@ -123,6 +131,18 @@ static inline int64_t job_tokens_per_step(const struct job_config *job)
 {
     return job_sequences_per_step(job) * job->seq_len;
 }
+
+/* Whether the run uses document attention, given whether its training data marks document starts. */
+static inline bool job_document_attention(const struct job_config *job, bool data_marks_documents)
+{
+    return job->attention == ATTENTION_DOCUMENT || (job->attention == ATTENTION_AUTO && data_marks_documents);
+}
+
+struct data_set;
+/* Resolves [data] attention against the opened training data (auto: document when it marks document
+ * starts) and, for document attention, measures attention_pairs on it; fails (naming the key) on
+ * document attention for data that marks no document start. slidedp-launch and slidedp-plan. */
+int job_resolve_attention(struct job_config *job, struct data_set *train);
 
 /* Whether the model is validated after update s: there is a validation set, and s is the last
  * step or a multiple of val_every. */

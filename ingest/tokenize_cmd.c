@@ -19,6 +19,7 @@
 #include "common/data.h"
 #include "common/err.h"
 #include "ingest/chat_template.h"
+#include "ingest/pack.h"
 #include "ingest/tokenizer.h"
 
 enum format { FMT_AUTO, FMT_MESSAGES, FMT_SHAREGPT, FMT_ALPACA, FMT_PROMPT_COMPLETION, FMT_TEXT, FMT_COUNT };
@@ -26,6 +27,9 @@ static const char *const format_names[FMT_COUNT] = {"auto", "messages", "sharegp
 #define FORMAT_LIST "auto, messages, sharegpt, alpaca, prompt-completion, text"
 
 enum overflow { OVERFLOW_DROP, OVERFLOW_TRUNCATE };
+/* --pack-fit: greedy (in input order, a new window when a document does not fit), best (best-fit
+ * decreasing: the least padding, input order lost) or best-ordered (best fit in input order). */
+enum pack_fit { FIT_GREEDY, FIT_BEST, FIT_BEST_ORDERED };
 
 #define LINES_PER_BATCH 256
 
@@ -36,6 +40,7 @@ struct options {
     long long max_len, pack, val, threads;
     const char *max_len_flag;   /* the flag that set max_len: --max-len, or --pack when only it was given */
     enum overflow overflow;
+    enum pack_fit pack_fit;
 };
 
 /* Everything the workers share, read-only while they run. */
@@ -501,7 +506,12 @@ struct shard {
     uint8_t *flags;
     int64_t n;
     size_t cap;
-    int64_t docs, targets;
+    int64_t docs, targets, padding;
+    /* --pack-fit best*: the documents, laid into windows once all are known */
+    const uint32_t **doc_tokens;
+    const uint8_t **doc_flags;
+    int64_t *doc_len;
+    size_t doc_cap;
 };
 
 static int shard_append(struct shard *s, const uint32_t *tok, const uint8_t *flags, int64_t n, uint32_t fill)
@@ -514,6 +524,7 @@ static int shard_append(struct shard *s, const uint32_t *tok, const uint8_t *fla
         s->flags[s->n + i] = flags ? flags[i] : 0;
         s->targets += flags && (flags[i] & DATA_FLAG_LOSS) && !(flags[i] & DATA_FLAG_DOC_START);
     }
+    s->padding += tok ? 0 : n;
     s->n += n;
     return 0;
 }
@@ -532,6 +543,40 @@ static int shard_add_doc(struct shard *s, const uint32_t *tok, const uint8_t *fl
     return shard_append(s, tok, flags, n, 0);
 }
 
+/* Keeps a document for best-fit packing (shard_lay_best_fit). */
+static int shard_keep_doc(struct shard *s, const uint32_t *tok, const uint8_t *flags, int64_t n)
+{
+    if (tok_grow_arrays(&s->doc_cap, (size_t)s->docs + 1, 3,
+                        (void **const[]){(void **)&s->doc_tokens, (void **)&s->doc_flags, (void **)&s->doc_len},
+                        (const size_t[]){sizeof *s->doc_tokens, sizeof *s->doc_flags, sizeof *s->doc_len}) != 0)
+        return -1;
+    s->doc_tokens[s->docs] = tok;
+    s->doc_flags[s->docs] = flags;
+    s->doc_len[s->docs++] = n;
+    return 0;
+}
+
+/* Lays the kept documents into windows of `pack` tokens by best fit (ingest/pack.h). */
+static int shard_lay_best_fit(struct shard *s, int64_t pack, bool decreasing, uint32_t pad)
+{
+    int64_t n = s->docs, *order = malloc((size_t)(n + 1) * sizeof *order);
+    int64_t *window_of = malloc((size_t)(n + 1) * sizeof *window_of);
+    int rc = order && window_of ? 0 : sd_err("out of memory packing %lld documents", (long long)n);
+    if (rc == 0 && pack_best_fit(s->doc_len, n, pack, decreasing, order, window_of) < 0)
+        rc = -1;
+    for (int64_t k = 0; rc == 0 && k < n; k++) {
+        int64_t used = s->n % pack;
+        if (k > 0 && window_of[k] != window_of[k - 1] && used > 0)
+            rc = shard_append(s, NULL, NULL, pack - used, pad);
+        int64_t d = order[k];
+        if (rc == 0)
+            rc = shard_append(s, s->doc_tokens[d], s->doc_flags[d], s->doc_len[d], 0);
+    }
+    free(order);
+    free(window_of);
+    return rc;
+}
+
 /* Pads a packed shard to whole windows plus the one trailing token the order contract needs, so
  * that its (ntok - 1) / pack sequences are exactly the windows. */
 static int shard_finish(struct shard *s, int64_t pack, uint32_t pad)
@@ -547,8 +592,8 @@ void tokenize_usage(FILE *f)
 {
     fprintf(f, "usage: slidedp-data tokenize --model DIR --in FILE.jsonl --out FILE.bin [--format %s]\n"
                "         [--template auto|%s] [--date 'DD Mon YYYY'] [--train-on assistant|all]\n"
-               "         [--max-len N --overflow drop|truncate] [--pack SEQ_LEN] [--val N --val-out FILE.bin]\n"
-               "         [--threads N]\n"
+               "         [--max-len N --overflow drop|truncate] [--pack SEQ_LEN [--pack-fit greedy|best|best-ordered]]\n"
+               "         [--val N --val-out FILE.bin] [--threads N]\n"
                "  --model DIR       the HF model directory: tokenizer.json, tokenizer_config.json, config.json\n"
                "  --format F        the JSONL's format (auto: from the first line)\n"
                "  --template T      the chat template (auto: recognised in tokenizer_config.json); one whose\n"
@@ -559,6 +604,9 @@ void tokenize_usage(FILE *f)
                "                    (an example left without a target is dropped and named)\n"
                "  --pack SEQ_LEN    whole documents packed into windows of SEQ_LEN ([data] seq_len); --max-len\n"
                "                    defaults to it\n"
+               "  --pack-fit F      greedy (default: input order, a new window when a document does not fit),\n"
+               "                    best (best-fit decreasing: the least padding) or best-ordered (best fit in\n"
+               "                    input order); the summary prints the padding fraction\n"
                "  --val N           the last N examples go to --val-out\n"
                "  --threads N       encoding threads (default: all cores)\n"
                "A shard without a target is never written (exit 2).\n",
@@ -582,7 +630,7 @@ static int parse_options(int argc, char **argv, struct options *o)
     o->threads = sysconf(_SC_NPROCESSORS_ONLN);
     if (o->threads < 1)
         o->threads = 1;
-    bool overflow_set = false;
+    bool overflow_set = false, fit_set = false;
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i], *arg = i + 1 < argc ? argv[i + 1] : NULL;
         if (!arg)
@@ -621,13 +669,22 @@ static int parse_options(int argc, char **argv, struct options *o)
             rc = parse_ll(opt, arg, 1, INT32_MAX, &o->max_len);
         else if (!strcmp(opt, "--pack"))
             rc = parse_ll(opt, arg, 1, INT32_MAX, &o->pack);
-        else if (!strcmp(opt, "--val"))
+        else if (!strcmp(opt, "--pack-fit")) {
+            static const char *const fits[] = {"greedy", "best", "best-ordered"};
+            int f = -1;
+            for (int k = 0; k < 3; k++)
+                f = strcmp(arg, fits[k]) ? f : k;
+            if (f < 0)
+                return sd_err("--pack-fit %s: unknown (accepted: greedy, best, best-ordered)", arg);
+            o->pack_fit = (enum pack_fit)f;
+            fit_set = true;
+        } else if (!strcmp(opt, "--val"))
             rc = parse_ll(opt, arg, 1, INT32_MAX, &o->val);
         else if (!strcmp(opt, "--threads"))
             rc = parse_ll(opt, arg, 1, 1024, &o->threads);
         else
             return sd_err("unknown option '%s' (accepted: --model, --in, --out, --format, --template, --date, "
-                          "--train-on, --max-len, --overflow, --pack, --val, --val-out, --threads)", opt);
+                          "--train-on, --max-len, --overflow, --pack, --pack-fit, --val, --val-out, --threads)", opt);
         if (rc != 0)
             return -1;
         i++;
@@ -645,6 +702,11 @@ static int parse_options(int argc, char **argv, struct options *o)
     }
     if (overflow_set && !o->max_len)
         return sd_err("--overflow needs --max-len or --pack");
+    if (fit_set && !o->pack)
+        return sd_err("--pack-fit needs --pack");
+    if (o->pack_fit != FIT_GREEDY && o->pack > PACK_BEST_FIT_MAX_WINDOW)
+        return sd_err("--pack %lld: --pack-fit best packs windows of at most %d tokens", o->pack,
+                      PACK_BEST_FIT_MAX_WINDOW);
     return 0;
 }
 
@@ -785,7 +847,9 @@ static int assemble(struct job *j, struct shard *train, struct shard *val, struc
                 continue;
             }
             struct shard *s = doc++ >= kept - j->opt.val ? val : train;
-            if (shard_add_doc(s, b->tokens + start, b->flags + start, n, j->opt.pack, (uint32_t)j->pad) != 0)
+            if (j->opt.pack_fit != FIT_GREEDY ? shard_keep_doc(s, b->tokens + start, b->flags + start, n)
+                                              : shard_add_doc(s, b->tokens + start, b->flags + start, n, j->opt.pack,
+                                                              (uint32_t)j->pad))
                 return -1;
         }
     }
@@ -794,6 +858,11 @@ static int assemble(struct job *j, struct shard *train, struct shard *val, struc
         return sd_err("%s: every example was dropped by %s %lld", j->opt.in, j->opt.max_len_flag, j->opt.max_len);
     if (kept > 0 && j->opt.val && kept <= j->opt.val)
         return sd_err("--val %lld leaves no training examples (%lld in all)", j->opt.val, (long long)kept);
+    bool decreasing = j->opt.pack_fit == FIT_BEST;
+    if (j->opt.pack_fit != FIT_GREEDY &&
+        (shard_lay_best_fit(train, j->opt.pack, decreasing, (uint32_t)j->pad) != 0 ||
+         (j->opt.val && shard_lay_best_fit(val, j->opt.pack, decreasing, (uint32_t)j->pad) != 0)))
+        return -1;
     if (train->targets == 0)
         return no_target_error(j, sum, j->opt.out);
     if (j->opt.val && val->targets == 0)
@@ -877,6 +946,8 @@ int tokenize_main(int argc, char **argv)
         print_dropped(&j, &sum);
         printf(", %lld truncated): %s %lld tokens, %lld targets", (long long)sum.truncated, j.opt.out,
                (long long)train.n, (long long)train.targets);
+        if (j.opt.pack)
+            printf(" (padding %.2f%%)", 100.0 * (double)train.padding / (double)train.n);
         if (j.opt.val)
             printf("; %s %lld tokens, %lld targets", j.opt.val_out, (long long)val.n, (long long)val.targets);
         printf("; %.0f tokens/s on %lld threads\n", seconds > 0 ? tokens / seconds : 0.0, j.opt.threads);
@@ -898,10 +969,14 @@ int tokenize_main(int argc, char **argv)
     free(j.batches);
     free(j.lines);
     free((void *)j.text);
-    free(train.tokens);
-    free(train.flags);
-    free(val.tokens);
-    free(val.flags);
+    struct shard *shards[] = {&train, &val};
+    for (int k = 0; k < 2; k++) {
+        free(shards[k]->tokens);
+        free(shards[k]->flags);
+        free(shards[k]->doc_tokens);
+        free(shards[k]->doc_flags);
+        free(shards[k]->doc_len);
+    }
     tokenizer_free(j.tok);
     return exit_code;
 }

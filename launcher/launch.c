@@ -206,6 +206,8 @@ static void publish_stats(struct sup *s, uint32_t step, double loss, const struc
     }
     js->predicted_step_s = h->plan.predicted_step_s;
     js->tokens_total += (uint64_t)tokens;
+    js->targets = rec->tokens;
+    js->documents = rec->documents;
     js->updated_ns = clock_ns();
     js->loss_history[step % JOB_STATS_HISTORY] = loss;
     atomic_thread_fence(memory_order_release);
@@ -320,11 +322,12 @@ static int write_metrics(struct sup *s, uint32_t step, const struct step_record 
     }
     char num[7][32];
     fprintf(s->metrics,
-            "{\"step\":%u,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens\":%lld,\"targets\":%lld,"
+            "{\"step\":%u,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens\":%lld,\"targets\":%lld,\"documents\":%lld,"
             "\"step_s\":%s,\"predicted_step_s\":%s,\"tok_s\":%s,\"clip_coef\":%s,\"h2d_bytes\":%s,"
             "\"d2h_bytes\":%s,\"peer_bytes\":%s%s}\n",
             step, json_num(num[0], 32, "%.6f", loss), json_num(num[1], 32, "%.6e", rec->lr),
             json_num(num[2], 32, "%.6f", rec->grad_norm), (long long)tokens, (long long)rec->tokens,
+            (long long)rec->documents,
             json_num(num[3], 32, "%.6f", step_s), json_num(num[4], 32, "%.6f", s->h->plan.predicted_step_s),
             json_num(num[5], 32, "%.1f", tok_s), json_num(num[6], 32, "%.6f", rec->clip_coef), links[0], links[1],
             links[2], val);

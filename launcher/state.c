@@ -491,7 +491,11 @@ static int create_or_adopt(struct job_state *st)
         data_close(&data);
         return sd_err_prefix("[data] train %s", job->data_train);
     }
+    /* workers and monitors read the resolved choice; the planner prices attention by the data's documents */
+    int resolved = job_resolve_attention(job, &data);
     data_close(&data);
+    if (resolved != 0)
+        return -1;
     if (job->data_val[0]) {
         if (data_open(job->data_val, job->seq_len, st->cfg.vocab_size, false, job->seed, &data) != 0)
             return sd_err_prefix("[data] val");

@@ -164,6 +164,9 @@ char *mon_json(const struct mon *m, const struct mon_snapshot *s)
         cJSON_AddNullToObject(stats, "val_acc");
     }
     num(stats, "tokens_total", (double)st->tokens_total);
+    num(stats, "targets", (double)st->targets);
+    num(stats, "documents", (double)st->documents);
+    cJSON_AddStringToObject(stats, "attention", h->job.attention == ATTENTION_DOCUMENT ? "document" : "window");
     /* the losses of the last steps still in the ring, oldest first */
     uint32_t k0 = mon_history_first(st, (uint32_t)h->first_step);
     cJSON *hist = cJSON_AddObjectToObject(stats, "loss_history");
@@ -257,6 +260,8 @@ static void job_metrics(FILE *f, const struct mon *m, const struct mon_snapshot 
     gauge(f, "slidedp_loss", "Training loss of the last logged step.", st->loss);
     gauge(f, "slidedp_learning_rate", "Learning rate of the last logged step.", st->lr);
     gauge(f, "slidedp_grad_norm", "Global gradient L2 norm of the last logged step, before clipping.", st->grad_norm);
+    gauge(f, "slidedp_step_targets", "Trained targets in the last logged step's global batch.", (double)st->targets);
+    gauge(f, "slidedp_step_documents", "Documents in the last logged step's global batch.", (double)st->documents);
     gauge(f, "slidedp_step_seconds", "Measured time of the last logged step.", st->step_s);
     gauge(f, "slidedp_tokens_per_second", "Training throughput of the last logged step.", st->tok_s);
     gauge(f, "slidedp_mfu_ratio", "Model FLOPs utilisation of the last logged step (0 when peaks are unknown).",

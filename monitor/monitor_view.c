@@ -135,9 +135,11 @@ static void render_header(const struct mon *m, const struct mon_snapshot *now, c
         if (st->mfu > 0)
             snprintf(mfu, sizeof mfu, "%.2f%%", 100 * st->mfu);
         add(f, o->width, MON_LINE_TEXT,
-            "step %u/%d (%.0f%%)  loss %.4f  lr %.2e  grad norm %.3f  tok/s %s  tokens %s  MFU %s", st->step,
-            h->job.steps, 100.0 * st->step / h->job.steps, st->loss, st->lr, st->grad_norm,
-            si(b, sizeof b, st->tok_s, ""), si(a, sizeof a, (double)st->tokens_total, ""), mfu);
+            "step %u/%d (%.0f%%)  loss %.4f  lr %.2e  grad norm %.3f  tok/s %s  tokens %s  MFU %s  step: %lld "
+            "targets, %lld %s", st->step, h->job.steps, 100.0 * st->step / h->job.steps, st->loss, st->lr,
+            st->grad_norm, si(b, sizeof b, st->tok_s, ""), si(a, sizeof a, (double)st->tokens_total, ""), mfu,
+            (long long)st->targets, (long long)st->documents,
+            h->job.attention == ATTENTION_DOCUMENT ? "documents (document attention)" : "documents");
     }
     char val[96] = "val -";
     if (st->val_loss > 0)

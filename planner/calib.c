@@ -376,9 +376,9 @@ static void run_item(struct op_bench *b, const struct bench_item *it)
         float *out, *lse, *q = x1, *k = x2, *v = x2 + half, *dout = x3 + half;
         attention_bufs(b, it->D, &out, &lse);
         if (it->backward)
-            o->attention_bwd(be, x0, w, w + half, dout, q, k, v, out, lse, 1, it->T, ATT_H, ATT_KV, it->D);
+            o->attention_bwd(be, x0, w, w + half, dout, q, k, v, out, lse, NULL, 1, it->T, ATT_H, ATT_KV, it->D);
         else
-            o->attention_fwd(be, out, lse, q, k, v, 1, it->T, ATT_H, ATT_KV, it->D);
+            o->attention_fwd(be, out, lse, q, k, v, NULL, 1, it->T, ATT_H, ATT_KV, it->D);
         return;
     }
     switch (it->elem) {
@@ -389,7 +389,7 @@ static void run_item(struct op_bench *b, const struct bench_item *it)
         o->rmsnorm_bwd(be, x0, x3, x2, x1, w, r + b->cap / 8 * 3, EL_N, EL_C, true);
         break;
     case ELEM_ROPE: /* cos/sin tables (T, D/2) */
-        o->rope_fwd(be, x0, x2 + half, x2 + half + EL_N * 64, 1, EL_N, EL_C / 128, 128);
+        o->rope_fwd(be, x0, x2 + half, x2 + half + EL_N * 64, NULL, 1, EL_N, EL_C / 128, 128);
         break;
     case ELEM_SWIGLU_FWD:
         o->swiglu_fwd(be, x0, x1, x2, n);

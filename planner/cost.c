@@ -49,15 +49,16 @@ static double elem_s(const struct dev *d, int op, double n)
     return n * gpu_elem_bytes[op] / d->g->mem_bw + d->g->launch_s;
 }
 
-/* (query, key) pairs of causal attention over all heads */
-static double attn_pairs(int B, int T, int Hq)
+/* (query, key) pairs of causal attention over all heads; frac: the part of them document attention
+ * visits (job.h attention_pairs; 1 for whole windows) */
+static double attn_pairs(int B, int T, int Hq, double frac)
 {
-    return (double)B * Hq * T * (T + 1.0) / 2.0;
+    return (double)B * Hq * T * (T + 1.0) / 2.0 * frac;
 }
 
-static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D)
+static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D, double frac)
 {
-    double P = attn_pairs(B, T, Hq);
+    double P = attn_pairs(B, T, Hq, frac);
     if (d->cpu)
         return P * (d->c->attn_fwd_pair_dim_s * D + d->c->attn_fwd_pair_s);
     return 4 * P * D / d->g->attn_fwd_flops + d->g->launch_s;
@@ -65,9 +66,9 @@ static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D)
 
 /* The backward is what forward + backward costs beyond the forward (FlashAttention counts it as
  * 2.5 forwards). */
-static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D)
+static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D, double frac)
 {
-    double P = attn_pairs(B, T, Hq);
+    double P = attn_pairs(B, T, Hq, frac);
     if (d->cpu)
         return P * (d->c->attn_bwd_pair_dim_s * D + d->c->attn_bwd_pair_s);
     double F = 4 * P * D;
@@ -83,6 +84,7 @@ struct shape {
     int C, I, D, Hq, Hkv, V;
     double qdim, kvdim;
     bool qk, bias;
+    double pair_frac; /* attention's (query, key) pairs against whole windows' */
 };
 
 static struct shape shape_of(const struct cost_case *mc)
@@ -102,6 +104,7 @@ static struct shape shape_of(const struct cost_case *mc)
         .kvdim = (double)cfg->num_kv_heads * cfg->head_dim,
         .qk = cfg->qk_norm,
         .bias = cfg->qkv_bias,
+        .pair_frac = mc->job->attention_pairs > 0 ? mc->job->attention_pairs : 1,
     };
     return s;
 }
@@ -128,7 +131,7 @@ static double layer_fwd_s(const struct dev *d, const struct shape *s)
     if (s->qk)
         t += elem_s(d, ELEM_RMSNORM_FWD, N * s->qdim) + elem_s(d, ELEM_RMSNORM_FWD, N * s->kvdim);
     t += elem_s(d, ELEM_ROPE, N * s->qdim) + elem_s(d, ELEM_ROPE, N * s->kvdim);
-    t += attn_fwd_s(d, s->B, s->T, s->Hq, s->D);
+    t += attn_fwd_s(d, s->B, s->T, s->Hq, s->D, s->pair_frac);
     t += mm_fwd_s(d, N, s->qdim, C, false) + elem_s(d, ELEM_ADD, N * C);
     t += elem_s(d, ELEM_RMSNORM_FWD, N * C);
     t += 2 * mm_fwd_s(d, N, C, I, false) + elem_s(d, ELEM_SWIGLU_FWD, N * I);
@@ -142,7 +145,7 @@ static double layer_bwd_s(const struct dev *d, const struct shape *s)
     t += mm_bwd_s(d, N, I, C, false) + elem_s(d, ELEM_SWIGLU_BWD, N * I);
     t += 2 * mm_bwd_s(d, N, C, I, false) + elem_s(d, ELEM_RMSNORM_BWD, N * C);
     t += mm_bwd_s(d, N, s->qdim, C, false);
-    t += attn_bwd_s(d, s->B, s->T, s->Hq, s->D);
+    t += attn_bwd_s(d, s->B, s->T, s->Hq, s->D, s->pair_frac);
     t += elem_s(d, ELEM_ROPE, N * s->qdim) + elem_s(d, ELEM_ROPE, N * s->kvdim);
     if (s->qk)
         t += elem_s(d, ELEM_RMSNORM_BWD, N * s->qdim) + elem_s(d, ELEM_RMSNORM_BWD, N * s->kvdim);
@@ -166,7 +169,7 @@ double cost_layer_flops(const struct model_config *cfg, int B, int T)
 {
     double N = (double)B * T, C = cfg->hidden_size, I = cfg->intermediate_size;
     double q = (double)cfg->num_heads * cfg->head_dim, kv = (double)cfg->num_kv_heads * cfg->head_dim;
-    return 2 * N * (C * q + 2 * C * kv + q * C + 3 * C * I) + 4 * attn_pairs(B, T, cfg->num_heads) * cfg->head_dim;
+    return 2 * N * (C * q + 2 * C * kv + q * C + 3 * C * I) + 4 * attn_pairs(B, T, cfg->num_heads, 1) * cfg->head_dim;
 }
 
 double cost_head_flops(const struct model_config *cfg, int64_t N)
@@ -234,7 +237,8 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
                        + 3 * al(N * I * act, a) + al(N * C * act, a) /* bw_ni0..2, bw_nc */
                        + 2 * al(N * q * act, a) + 3 * al(N * kv * act, a); /* bw_q, bw_q2, bw_k, bw_v, bw_k2 */
     out->logits = al((int64_t)mc->plan->logits_rows * V * act, a);
-    out->misc = 5 * al(N * 4, a) + 2 * al(T * (D / 2) * 4, a); /* tokens, targets, correct, row_scale, loss */
+    /* tokens, targets, correct, document positions, row_scale, loss; the RoPE tables */
+    out->misc = 6 * al(N * 4, a) + 2 * al(T * (D / 2) * 4, a);
     /* CPU: the attention backward's double scratch. CUDA: the cuBLASLt workspace (32 MiB), the
      * conversion staging (16 MiB), the bf16 gradient staging (16 MiB) and the op scratch, the
      * larger of the attention backward's (cuDNN's: its workspace, about the size of its fp32 dQ
@@ -747,8 +751,9 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
     bool sharded = s->sharded, gpu_grads = s->shard_acc;
     double link_bw = cost_link_bw(mc->job);
     double lf = layer_fwd_s(d, &sh), lb = layer_bwd_s(d, &sh), act_bytes = sh.N * sh.C * 2;
-    double flops_layer = cost_layer_flops(mc->cfg, sh.B, sh.T);
-    double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq) * sh.D;
+    /* what document attention skips is no FLOP of the step */
+    double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq, sh.pair_frac) * sh.D;
+    double flops_layer = cost_layer_flops(mc->cfg, sh.B, sh.T) - 4 * attn_pairs(sh.B, sh.T, sh.Hq, 1) * sh.D + attn_flops;
     for (int c = 0; c < s->nc; c++) {
         const struct chunk_desc *ch = &lay->chunks[c];
         /* the bf16 weights, and what crosses the host link for them: the copy, or the fp32 master

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/data.h"
 #include "common/err.h"
 #include "common/fsutil.h"
 #include "common/job.h"
@@ -371,6 +372,10 @@ static cJSON *job_json(const struct report *r)
     cJSON_AddStringToObject(job, "device", r->job->device == DEVICE_CPU ? "cpu" : "cuda");
     cJSON_AddNumberToObject(job, "gpus", r->job->gpus);
     cJSON_AddNumberToObject(job, "tokens_per_step", r->tokens);
+    /* auto: the training data could not be read, and attention is priced for whole windows */
+    static const char *const attention[] = {"auto", "document", "window"};
+    cJSON_AddStringToObject(job, "attention", attention[r->job->attention]);
+    cJSON_AddNumberToObject(job, "attention_pairs", r->job->attention_pairs > 0 ? r->job->attention_pairs : 1);
     return job;
 }
 
@@ -710,6 +715,16 @@ int main(int argc, char **argv)
     if (model_config_load(cfg_path, &cfg) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         return 2;
+    }
+    /* attention priced by the training data's documents where it can be read (else whole windows) */
+    struct data_set train;
+    if (data_open(job.data_train, job.seq_len, 0, false, job.seed, &train) == 0) {
+        int resolved = job_resolve_attention(&job, &train);
+        data_close(&train);
+        if (resolved != 0) {
+            fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
+            return 2;
+        }
     }
     char warning[512];
     if (model_config_seq_len_warning(&cfg, job.seq_len, warning, sizeof warning))

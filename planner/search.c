@@ -997,6 +997,11 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
             plan->param_route == PARAMS_SHARDED ? "sharded" : "replicated",
             plan->grad_route == GRADS_GPU ? "reduced on GPUs" : "reduced on CPU",
             plan->accumulate_on_device ? ", micro-steps summed on the device" : "");
+    if (job->attention_pairs > 0)
+        fprintf(f, "plan: attention priced by the data's documents: %.1f%% of whole windows' (query, key) pairs\n",
+                100 * job->attention_pairs);
+    else
+        fprintf(f, "plan: attention priced for whole windows\n");
     fprintf(f, "plan: predicted step %.4f s (compute %.4f, weights in %.4f, grads out %.4f, optimizer %.4f; bound by "
                "%s); %s memory %.2f GiB per rank, host %.2f GiB\n",
             plan->predicted_step_s, plan->predicted_compute_s, plan->predicted_h2d_s, plan->predicted_d2h_s,

@@ -21,7 +21,7 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 7
+#define CTL_VERSION 8 /* 8: document attention (job attention fields, step documents, stats targets/documents) */
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -96,6 +96,7 @@ struct job_stats {
     double loss, lr, grad_norm, step_s, tok_s, mfu, val_loss, val_acc;
     double predicted_step_s;
     uint64_t tokens_total;
+    int64_t targets, documents; /* of the last logged step's global batch (step_record) */
     uint64_t updated_ns;      /* clock_ns() of the last update */
     double loss_history[JOB_STATS_HISTORY]; /* loss of step k at [k % JOB_STATS_HISTORY] */
 };
@@ -226,6 +227,7 @@ struct step_record {
     alignas(64) _Atomic uint32_t step;         /* the step this record holds */
     _Atomic uint32_t norm_written;             /* grad_norm, lr and clip_coef are set */
     int64_t tokens;                            /* unmasked targets in the global batch */
+    int64_t documents;                         /* documents in it (a window's first token starts one) */
     double grad_norm, lr, clip_coef;
     _Atomic uint32_t rank_done[JOB_MAX_GPUS];  /* = step: the rank posted every gradient of the step */
     _Atomic uint32_t val_done[JOB_MAX_GPUS];   /* = step: the rank wrote its validation sums */

@@ -56,6 +56,7 @@ struct bo_case {
     bool accumulate;        /* rmsnorm_bwd, matmul_bwd */
     bool no_dinp;           /* matmul_bwd with dinp = NULL */
     bool row_scale;         /* cross_entropy computes the gradient in place */
+    int max_doc;            /* rope, attention: rows are runs of documents of 1..max_doc tokens (0: one) */
 };
 
 static const struct bo_case cases[] = {
@@ -96,6 +97,8 @@ static const struct bo_case cases[] = {
     {OP_ROPE_BWD, .B = 1, .T = 300, .H = 4, .D = 64},
     {OP_ROPE_BWD, .B = 2, .T = 33, .H = 2, .D = 128},
     {OP_ROPE_BWD, .B = 1, .T = 5, .H = 3, .D = 12},
+    {OP_ROPE_FWD, .B = 2, .T = 300, .H = 4, .D = 64, .max_doc = 50},
+    {OP_ROPE_BWD, .B = 2, .T = 300, .H = 4, .D = 64, .max_doc = 50},
 
     {OP_ATTENTION_FWD, .B = 2, .T = 7, .H = 4, .Hkv = 4, .D = 8},
     {OP_ATTENTION_FWD, .B = 2, .T = 7, .H = 4, .Hkv = 2, .D = 8},
@@ -107,6 +110,11 @@ static const struct bo_case cases[] = {
     {OP_ATTENTION_FWD, .B = 1, .T = 130, .H = 4, .Hkv = 4, .D = 128},
     {OP_ATTENTION_FWD, .B = 1, .T = 200, .H = 8, .Hkv = 8, .D = 64},
     {OP_ATTENTION_FWD, .B = 1, .T = 2048, .H = 2, .Hkv = 1, .D = 128},
+    {OP_ATTENTION_FWD, .B = 1, .T = 19, .H = 8, .Hkv = 1, .D = 16, .max_doc = 5},
+    {OP_ATTENTION_FWD, .B = 2, .T = 300, .H = 8, .Hkv = 2, .D = 64, .max_doc = 40},
+    {OP_ATTENTION_FWD, .B = 1, .T = 130, .H = 4, .Hkv = 4, .D = 128, .max_doc = 1},
+    {OP_ATTENTION_FWD, .B = 2, .T = 1000, .H = 6, .Hkv = 3, .D = 32, .max_doc = 150},
+    {OP_ATTENTION_FWD, .B = 1, .T = 2048, .H = 2, .Hkv = 1, .D = 128, .max_doc = 700},
     {OP_ATTENTION_BWD, .B = 2, .T = 7, .H = 4, .Hkv = 4, .D = 8},
     {OP_ATTENTION_BWD, .B = 2, .T = 7, .H = 4, .Hkv = 2, .D = 8},
     {OP_ATTENTION_BWD, .B = 2, .T = 7, .H = 4, .Hkv = 1, .D = 8},
@@ -117,6 +125,11 @@ static const struct bo_case cases[] = {
     {OP_ATTENTION_BWD, .B = 1, .T = 130, .H = 4, .Hkv = 4, .D = 128},
     {OP_ATTENTION_BWD, .B = 1, .T = 200, .H = 8, .Hkv = 8, .D = 64},
     {OP_ATTENTION_BWD, .B = 1, .T = 2048, .H = 2, .Hkv = 1, .D = 128},
+    {OP_ATTENTION_BWD, .B = 1, .T = 19, .H = 8, .Hkv = 1, .D = 16, .max_doc = 5},
+    {OP_ATTENTION_BWD, .B = 2, .T = 300, .H = 8, .Hkv = 2, .D = 64, .max_doc = 40},
+    {OP_ATTENTION_BWD, .B = 1, .T = 130, .H = 4, .Hkv = 4, .D = 128, .max_doc = 1},
+    {OP_ATTENTION_BWD, .B = 2, .T = 1000, .H = 6, .Hkv = 3, .D = 32, .max_doc = 150},
+    {OP_ATTENTION_BWD, .B = 1, .T = 2048, .H = 2, .Hkv = 1, .D = 128, .max_doc = 700},
 
     {OP_SWIGLU_FWD, .N = 1},
     {OP_SWIGLU_FWD, .N = 7},
@@ -196,6 +209,28 @@ static int32_t *add_ints(struct bo_setup *s, const char *name, enum bo_role role
     return t->ival;
 }
 
+/* Adds the document positions (backend.h) of a case with documents, else a NULL tensor: each row
+ * a run of documents of 1..max_doc tokens, its second document a single token. */
+static int32_t *add_positions(struct bo_setup *s, const struct bo_case *c)
+{
+    if (!c->max_doc) {
+        add_ints(s, "pos", R_IN, 0, 1);
+        return NULL;
+    }
+    int32_t *pos = add_ints(s, "pos", R_IN, (size_t)c->B * c->T, 1);
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0, doc = 0, left = 0; t < c->T; t++, left--) {
+            int32_t *p = pos + (size_t)b * c->T + t;
+            if (left == 0) {
+                left = doc++ == 1 ? 1 : 1 + (int)(tu_uniform(&s->rng) * (float)c->max_doc) % c->max_doc;
+                *p = 0;
+            } else {
+                *p = p[-1] + 1;
+            }
+        }
+    return pos;
+}
+
 static void setup_free(struct bo_setup *s)
 {
     for (int i = 0; i < s->nt; i++) {
@@ -206,7 +241,7 @@ static void setup_free(struct bo_setup *s)
 
 /* out and lse of attention on the reference backend, for the backward's inputs. */
 static void ref_attention_fwd(struct backend *ref, const struct bo_case *c, const float *q, const float *k,
-                              const float *v, float *out, float *lse)
+                              const float *v, const int32_t *pos, float *out, float *lse)
 {
     size_t nq = (size_t)c->B * c->T * c->H * c->D, nk = (size_t)c->B * c->T * c->Hkv * c->D;
     size_t nl = (size_t)c->B * c->H * c->T, es = be_dtype_size(ref->act_dtype);
@@ -217,11 +252,16 @@ static void ref_attention_fwd(struct backend *ref, const struct bo_case *c, cons
     ref->ops->upload_f32(ref, dq, ref->act_dtype, q, nq);
     ref->ops->upload_f32(ref, dk, ref->act_dtype, k, nk);
     ref->ops->upload_f32(ref, dv, ref->act_dtype, v, nk);
-    ref->ops->attention_fwd(ref, dout, dlse, dq, dk, dv, c->B, c->T, c->H, c->Hkv, c->D);
+    int32_t *dpos = pos ? ref->ops->alloc(ref, (size_t)c->B * c->T * sizeof(int32_t)) : NULL;
+    if (pos)
+        ref->ops->upload(ref, dpos, pos, (size_t)c->B * c->T * sizeof(int32_t));
+    ref->ops->attention_fwd(ref, dout, dlse, dq, dk, dv, dpos, c->B, c->T, c->H, c->Hkv, c->D);
     ref->ops->download_f32(ref, out, dout, ref->act_dtype, nq);
     ref->ops->download_f32(ref, lse, dlse, BE_F32, nl);
     ref->ops->free(ref, dq), ref->ops->free(ref, dk), ref->ops->free(ref, dv), ref->ops->free(ref, dout);
     ref->ops->free(ref, dlse);
+    if (dpos)
+        ref->ops->free(ref, dpos);
 }
 
 /* Builds the tensors of case c from a seed; ref computes inputs that must be consistent with others
@@ -289,6 +329,7 @@ static void case_setup(struct bo_setup *s, const struct bo_case *c, uint64_t see
                 cs[t * half + j] = (float)cos(a);
                 sn[t * half + j] = (float)sin(a);
             }
+        add_positions(s, c);
         break;
     }
     case OP_ATTENTION_FWD: {
@@ -298,6 +339,7 @@ static void case_setup(struct bo_setup *s, const struct bo_case *c, uint64_t see
         add_tensor(s, "q", K_ACT, R_IN, nq, -2, 2);
         add_tensor(s, "k", K_ACT, R_IN, nk, -2, 2);
         add_tensor(s, "v", K_ACT, R_IN, nk, -1, 1);
+        add_positions(s, c);
         break;
     }
     case OP_ATTENTION_BWD: {
@@ -311,7 +353,7 @@ static void case_setup(struct bo_setup *s, const struct bo_case *c, uint64_t see
         const float *v = add_tensor(s, "v", K_ACT, R_IN, nk, -1, 1);
         float *out = add_tensor(s, "out", K_ACT, R_IN, nq, 0, 0);
         float *lse = add_tensor(s, "lse", K_F32, R_IN, (size_t)c->B * c->H * c->T, 0, 0);
-        ref_attention_fwd(ref, c, q, k, v, out, lse);
+        ref_attention_fwd(ref, c, q, k, v, add_positions(s, c), out, lse);
         for (size_t i = 0; i < nq; i++)
             out[i] = f32_round_bf16(out[i]);
         break;
@@ -382,16 +424,16 @@ static void case_run(struct backend *be, const struct bo_case *c, void **p)
         o->matmul_bwd(be, p[0], p[1], p[2], p[3], p[4], p[5], c->N, c->IC, c->OC, c->accumulate);
         break;
     case OP_ROPE_FWD:
-        o->rope_fwd(be, p[0], p[1], p[2], c->B, c->T, c->H, c->D);
+        o->rope_fwd(be, p[0], p[1], p[2], p[3], c->B, c->T, c->H, c->D);
         break;
     case OP_ROPE_BWD:
-        o->rope_bwd(be, p[0], p[1], p[2], c->B, c->T, c->H, c->D);
+        o->rope_bwd(be, p[0], p[1], p[2], p[3], c->B, c->T, c->H, c->D);
         break;
     case OP_ATTENTION_FWD:
-        o->attention_fwd(be, p[0], p[1], p[2], p[3], p[4], c->B, c->T, c->H, c->Hkv, c->D);
+        o->attention_fwd(be, p[0], p[1], p[2], p[3], p[4], p[5], c->B, c->T, c->H, c->Hkv, c->D);
         break;
     case OP_ATTENTION_BWD:
-        o->attention_bwd(be, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], c->B, c->T, c->H, c->Hkv,
+        o->attention_bwd(be, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], c->B, c->T, c->H, c->Hkv,
                          c->D);
         break;
     case OP_SWIGLU_FWD:
@@ -788,9 +830,10 @@ static void broken_matmul_one_wrong(struct backend *be, void *out, const void *i
 
 static void broken_attention_bwd_clobbers_q(struct backend *be, void *dq, void *dk, void *dv, const void *dout,
                                             const void *q, const void *k, const void *v, const void *out,
-                                            const float *lse, int B, int T, int Hq, int Hkv, int D)
+                                            const float *lse, const int32_t *pos, int B, int T, int Hq, int Hkv,
+                                            int D)
 {
-    real->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D);
+    real->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, pos, B, T, Hq, Hkv, D);
     ((float *)q)[1] = 0.5f;
 }
 

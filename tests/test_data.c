@@ -261,6 +261,37 @@ static void test_sft_masks(void **state)
     assert_int_equal(data_sequence(&d, 5, tok, mask), 0);
     assert_memory_equal(mask, want2, T);
     assert_int_equal(tok[0], 16);
+
+    /* Document positions: 0 at the window's first token and at each DOC_START (10 and 20), across
+     * the shard boundary at 13 too; the mask is the same as data_sequence's. */
+    int32_t pos[T];
+    static const int32_t pos1[T] = {0, 1, 0, 1, 2, 3, 4, 5}, pos2[T] = {0, 1, 2, 3, 0, 1, 2, 3};
+    assert_int_equal(data_sequence_positions(&d, 1, tok, mask, pos), 0);
+    assert_memory_equal(pos, pos1, sizeof pos);
+    assert_memory_equal(mask, want1, T);
+    assert_int_equal(data_sequence_positions(&d, 2, tok, NULL, pos), 0);
+    assert_memory_equal(pos, pos2, sizeof pos);
+    data_close(&d);
+    tu_rmrf(dir);
+}
+
+/* llm.c shards mark no document: positions count 0..T-1 in every window. */
+static void test_positions_llmc(void **state)
+{
+    enum { T = 6 };
+    const char *dir = tu_tmpdir(0, "data-pos");
+    uint32_t *t = position_tokens(0, 20, 0);
+    assert_int_equal(data_write_llmc(pjoin(dir, "a.bin"), t, 20, true), 0);
+    free(t);
+    struct data_set d;
+    assert_int_equal(data_open(pjoin(dir, "a.bin"), T, 0, false, 0, &d), 0);
+    assert_false(d.has_flags);
+    int32_t tok[T + 1], pos[T];
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(data_sequence_positions(&d, k, tok, NULL, pos), 0);
+        for (int j = 0; j < T; j++)
+            assert_int_equal(pos[j], j);
+    }
     data_close(&d);
     tu_rmrf(dir);
 }
@@ -477,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_dp_equivalence),
         cmocka_unit_test(test_shuffle),
         cmocka_unit_test(test_sft_masks),
+        cmocka_unit_test(test_positions_llmc),
         cmocka_unit_test(test_writers),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_writer_refusals),

@@ -406,6 +406,7 @@ static void rope_tables(float *cos_t, float *sin_t, int T, int D)
 
 struct rope_case {
     float *x, *work, *R, *cos_t, *sin_t;
+    const int32_t *pos; /* document positions (B,T), NULL: t */
     int B, T, H, D;
 };
 
@@ -414,15 +415,15 @@ static double rope_obj(void *p)
     struct rope_case *r = p;
     size_t n = (size_t)r->B * r->T * r->H * r->D;
     memcpy(r->work, r->x, n * sizeof(float));
-    be.ops->rope_fwd(&be, r->work, r->cos_t, r->sin_t, r->B, r->T, r->H, r->D);
+    be.ops->rope_fwd(&be, r->work, r->cos_t, r->sin_t, r->pos, r->B, r->T, r->H, r->D);
     return sum_prod(r->work, r->R, n);
 }
 
-static void rope_case(int B, int T, int H, int D)
+static void rope_case(int B, int T, int H, int D, const int32_t *pos)
 {
     size_t n = (size_t)B * T * H * D, nt = (size_t)T * (D / 2);
-    struct rope_case r = {trand(n, -1, 1), tnew(n), trand(n, -1, 1), tnew(nt), tnew(nt), B, T, H, D};
-    printf("# rope B=%d T=%d H=%d D=%d\n", B, T, H, D);
+    struct rope_case r = {trand(n, -1, 1), tnew(n), trand(n, -1, 1), tnew(nt), tnew(nt), pos, B, T, H, D};
+    printf("# rope B=%d T=%d H=%d D=%d%s\n", B, T, H, D, pos ? " documents" : "");
     rope_tables(r.cos_t, r.sin_t, T, D);
     rope_obj(&r);
     double *ref = malloc(n * sizeof(double));
@@ -431,8 +432,9 @@ static void rope_case(int B, int T, int H, int D)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < H; h++) {
                 size_t o = (((size_t)b * T + t) * H + h) * D;
+                int p = pos ? pos[(size_t)b * T + t] : t;
                 for (int j = 0; j < half; j++) {
-                    double c = r.cos_t[t * half + j], s = r.sin_t[t * half + j];
+                    double c = r.cos_t[p * half + j], s = r.sin_t[p * half + j];
                     double x1 = r.x[o + j], x2 = r.x[o + j + half];
                     ref[o + j] = x1 * c - x2 * s;
                     ref[o + j + half] = x2 * c + x1 * s;
@@ -441,11 +443,11 @@ static void rope_case(int B, int T, int H, int D)
     check_close("rope out", r.work, ref, n, 1e-6, 1e-7);
 
     /* the backward is the inverse rotation */
-    be.ops->rope_bwd(&be, r.work, r.cos_t, r.sin_t, B, T, H, D);
+    be.ops->rope_bwd(&be, r.work, r.cos_t, r.sin_t, pos, B, T, H, D);
     check_close_f("rope_bwd(rope_fwd(x)) = x", r.work, r.x, n, 0, 1e-6);
 
     float *g = tcopy(r.R, n);
-    be.ops->rope_bwd(&be, g, r.cos_t, r.sin_t, B, T, H, D);
+    be.ops->rope_bwd(&be, g, r.cos_t, r.sin_t, pos, B, T, H, D);
     fd_check("rope dx", r.x, n, g, rope_obj, &r);
     free(ref);
     tfree(g), tfree(r.x), tfree(r.work), tfree(r.R), tfree(r.cos_t), tfree(r.sin_t);
@@ -453,30 +455,33 @@ static void rope_case(int B, int T, int H, int D)
 
 static void test_rope(void **state)
 {
-    rope_case(2, 7, 3, 8);
-    rope_case(1, 5, 2, 6);
+    rope_case(2, 7, 3, 8, NULL);
+    rope_case(1, 5, 2, 6, NULL);
+    static const int32_t docs[2 * 7] = {0, 1, 2, 0, 0, 1, 2, 0, 1, 2, 3, 4, 5, 0}; /* documents restart at 0 */
+    rope_case(2, 7, 3, 8, docs);
 }
 
 /* ---- attention ---- */
 
 struct attn_case {
     float *out, *lse, *q, *k, *v, *R;
+    const int32_t *pos; /* document positions (B,T), NULL: each row one document */
     int B, T, Hq, Hkv, D;
 };
 
 static double attn_obj(void *p)
 {
     struct attn_case *a = p;
-    be.ops->attention_fwd(&be, a->out, a->lse, a->q, a->k, a->v, a->B, a->T, a->Hq, a->Hkv, a->D);
+    be.ops->attention_fwd(&be, a->out, a->lse, a->q, a->k, a->v, a->pos, a->B, a->T, a->Hq, a->Hkv, a->D);
     return sum_prod(a->out, a->R, (size_t)a->B * a->T * a->Hq * a->D);
 }
 
-static void attention_case(int B, int T, int Hq, int Hkv, int D)
+static void attention_case(int B, int T, int Hq, int Hkv, int D, const int32_t *pos)
 {
     size_t nq = (size_t)B * T * Hq * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * Hq * T;
     struct attn_case a = {tnan(nq), tnan(nl), trand(nq, -1.5f, 1.5f), trand(nk, -1.5f, 1.5f), trand(nk, -1, 1),
-                          trand(nq, -1, 1), B, T, Hq, Hkv, D};
-    printf("# attention B=%d T=%d Hq=%d Hkv=%d D=%d\n", B, T, Hq, Hkv, D);
+                          trand(nq, -1, 1), pos, B, T, Hq, Hkv, D};
+    printf("# attention B=%d T=%d Hq=%d Hkv=%d D=%d%s\n", B, T, Hq, Hkv, D, pos ? " documents" : "");
     attn_obj(&a);
 
     double *ref = calloc(nq, sizeof(double)), *lref = malloc(nl * sizeof(double)), *p = malloc((size_t)T * sizeof(double));
@@ -485,14 +490,15 @@ static void attention_case(int B, int T, int Hq, int Hkv, int D)
             int hk = h / (Hq / Hkv);
             for (int t = 0; t < T; t++) {
                 const float *qt = a.q + (((size_t)b * T + t) * Hq + h) * D;
+                int first = pos ? t - pos[(size_t)b * T + t] : 0; /* the query's document starts there */
                 double sum = 0.0;
-                for (int s = 0; s <= t; s++) {
+                for (int s = first; s <= t; s++) {
                     const float *ks = a.k + (((size_t)b * T + s) * Hkv + hk) * D;
                     p[s] = exp(sum_prod(qt, ks, (size_t)D) / sqrt((double)D));
                     sum += p[s];
                 }
                 double *o = ref + (((size_t)b * T + t) * Hq + h) * D;
-                for (int s = 0; s <= t; s++)
+                for (int s = first; s <= t; s++)
                     for (int d = 0; d < D; d++)
                         o[d] += p[s] / sum * a.v[(((size_t)b * T + s) * Hkv + hk) * D + d];
                 lref[((size_t)b * Hq + h) * T + t] = log(sum);
@@ -502,7 +508,7 @@ static void attention_case(int B, int T, int Hq, int Hkv, int D)
     check_close("attention lse", a.lse, lref, nl, 1e-6, 1e-6);
 
     float *dq = tnan(nq), *dk = tnan(nk), *dv = tnan(nk), *out2 = tcopy(a.out, nq);
-    be.ops->attention_bwd(&be, dq, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, B, T, Hq, Hkv, D);
+    be.ops->attention_bwd(&be, dq, dk, dv, a.R, a.q, a.k, a.v, a.out, a.lse, pos, B, T, Hq, Hkv, D);
     fd_check("attention dq", a.q, nq, dq, attn_obj, &a);
     fd_check("attention dk", a.k, nk, dk, attn_obj, &a);
     fd_check("attention dv", a.v, nk, dv, attn_obj, &a);
@@ -510,7 +516,7 @@ static void attention_case(int B, int T, int Hq, int Hkv, int D)
     /* same inputs, bit-identical outputs (the finite differences left perturbed outputs behind) */
     float *dq2 = tnan(nq), *dk2 = tnan(nk), *dv2 = tnan(nk);
     attn_obj(&a);
-    be.ops->attention_bwd(&be, dq2, dk2, dv2, a.R, a.q, a.k, a.v, a.out, a.lse, B, T, Hq, Hkv, D);
+    be.ops->attention_bwd(&be, dq2, dk2, dv2, a.R, a.q, a.k, a.v, a.out, a.lse, pos, B, T, Hq, Hkv, D);
     assert_memory_equal(out2, a.out, nq * sizeof(float));
     assert_memory_equal(dq2, dq, nq * sizeof(float));
     assert_memory_equal(dk2, dk, nk * sizeof(float));
@@ -523,11 +529,15 @@ static void attention_case(int B, int T, int Hq, int Hkv, int D)
 
 static void test_attention(void **state)
 {
-    attention_case(2, 7, 4, 4, 8); /* MHA */
-    attention_case(2, 7, 4, 2, 8); /* GQA 2 */
-    attention_case(2, 7, 4, 1, 8); /* GQA 4 */
-    attention_case(2, 7, 8, 1, 6); /* GQA 8, odd half-dim */
-    attention_case(1, 1, 2, 1, 4); /* a single token attends to itself only */
+    attention_case(2, 7, 4, 4, 8, NULL); /* MHA */
+    attention_case(2, 7, 4, 2, 8, NULL); /* GQA 2 */
+    attention_case(2, 7, 4, 1, 8, NULL); /* GQA 4 */
+    attention_case(2, 7, 8, 1, 6, NULL); /* GQA 8, odd half-dim */
+    attention_case(1, 1, 2, 1, 4, NULL); /* a single token attends to itself only */
+    /* documents of 3, 1 and 5 tokens; of 1, 1 and 7 (each attends only to itself) */
+    static const int32_t docs[2 * 9] = {0, 1, 2, 0, 0, 1, 2, 3, 4, 0, 0, 0, 1, 2, 3, 4, 5, 6};
+    attention_case(2, 9, 4, 2, 8, docs);
+    attention_case(2, 9, 4, 1, 6, docs);
 }
 
 /* ---- SwiGLU ---- */

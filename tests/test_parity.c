@@ -12,7 +12,6 @@
 
 #include "common/data.h"
 #include "common/err.h"
-#include "common/hf.h"
 #include "common/job.h"
 #include "common/safetensors.h"
 #include "worker/resident.h"
@@ -197,13 +196,7 @@ static float *run_training(struct fixture *f, const char *tag, int gpus, int gra
     free(metrics);
     assert_int_equal(n, nsteps);
     snprintf(cmd, sizeof cmd, "%s/ckpt/final", out);
-    struct hf_weights w;
-    if (hf_weights_open(cmd, &w) != 0)
-        fail_msg("%s", sd_errmsg());
-    float *params = calloc((size_t)lay->total_numel, sizeof(float));
-    if (hf_weights_load(&w, lay, params) != 0)
-        fail_msg("%s", sd_errmsg());
-    hf_weights_close(&w);
+    float *params = tu_load_weights(cmd, lay);
     tu_rmrf(out);
     return params;
 }
@@ -235,11 +228,7 @@ static void check_training(const char *name)
     assert_memory_equal(w1, w2, sizeof(float) * (size_t)lay.total_numel);
     /* Weights are compared relative to themselves and relative to how far training moved them:
      * Adam divides by sqrt(v), so elements with near-zero gradients amplify rounding noise. */
-    struct hf_weights init_w;
-    float *w0 = calloc((size_t)lay.total_numel, sizeof(float));
-    assert_int_equal(hf_weights_open(f.job.model_path, &init_w), 0);
-    assert_int_equal(hf_weights_load(&init_w, &lay, w0), 0);
-    hf_weights_close(&init_w);
+    float *w0 = tu_load_weights(f.job.model_path, &lay);
     double worst = 0, worst_upd = 0;
     const char *worst_name = "", *worst_upd_name = "";
     for (int t = 0; t < lay.num_tensors; t++) {

@@ -150,6 +150,35 @@ static struct plan hand_plan(int lpc, int buffers, int slots, int procs, int mod
     return p;
 }
 
+/* Document attention is priced by the pairs the data's documents have (job.h attention_pairs): at a
+ * quarter of a whole window's pairs the step's FLOPs drop by three quarters of attention's (cost_step
+ * counts a layer's forward three times, for the forward and the backward's two products, and
+ * attention's 4*P*D 1.5 times more: 4.5*4*P*D per layer and micro-step), and the device time with
+ * them; 0 prices whole windows, as 1 does. */
+static void test_document_attention_priced(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct layout lay;
+    struct step_pred whole, docs, one;
+    struct plan p = hand_plan(1, 6, 4, 1, UPDATE_AFTER_BACKWARD);
+    struct job_config job = job_of(DEVICE_CUDA, 1, 2, 2048, 2);
+    price_plan(&cfg, &job, &p, &lay, &whole, NULL, NULL);
+    layout_free(&lay);
+    job.attention_pairs = 1;
+    price_plan(&cfg, &job, &p, &lay, &one, NULL, NULL);
+    layout_free(&lay);
+    job.attention_pairs = 0.25;
+    price_plan(&cfg, &job, &p, &lay, &docs, NULL, NULL);
+    layout_free(&lay);
+    double P = 2.0 * cfg.num_heads * 2048 * 2049 / 2, attn = 4.5 * 4 * P * cfg.head_dim * cfg.num_layers * 2;
+    printf("# step FLOPs whole windows %.4g, a quarter of the pairs %.4g (attention %.4g of them); device %.3g s "
+           "vs %.3g s\n",
+           whole.flops, docs.flops, attn, whole.compute_s, docs.compute_s);
+    assert_true(whole.flops == one.flops && whole.compute_s == one.compute_s);
+    assert_true(fabs((whole.flops - docs.flops) - 0.75 * attn) < 1e-6 * whole.flops);
+    assert_true(docs.compute_s < whole.compute_s);
+}
+
 /* The update as host memory bounds it (planner/cost.c update_s), on the tiny model with every chunk
  * resident, one optimizer process of one thread (test_calib: fp32 AdamW 0.5 G params/s, so 15 GB/s
  * at its 30 bytes per parameter; bf16 state 0.4 G params/s). Each update carries the G ranks' next
@@ -566,7 +595,7 @@ static void test_memory_footprint(void **state)
     assert_int_equal(gm.layer_inputs, 3 * N * C * f);
     assert_int_equal(gm.bwd_scratch, 3 * N * C * f + N * f + 3 * N * I * f + N * C * f + 2 * N * q * f + 3 * N * kv * f);
     assert_int_equal(gm.logits, 16 * 32 * f);
-    assert_int_equal(gm.misc, 5 * N * 4 + 2 * 8 * 8 * 4);
+    assert_int_equal(gm.misc, 6 * N * 4 + 2 * 8 * 8 * 4); /* tokens, targets, correct, positions, row_scale, loss */
     assert_int_equal(gm.workspace, (16 + 2 * 8 * 16) * 8);
     assert_int_equal(gm.total, gm.chunk_bufs + gm.grad_bufs + gm.layer_inputs + gm.kept_acts + gm.bwd_scratch +
                                    gm.logits + gm.misc + gm.workspace);
@@ -939,11 +968,11 @@ static void test_hosts_one_as_before(void **state)
         int64_t host_bytes, gpu_bytes;
     } cases[] = {
         {DEVICE_CUDA, 1, 4, 1, 1.0, 3, 5, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.1139bc512fdcap-3, 0x1.83dccp+32,
-         0x1.6d0cp+28, 0x1.6d0cp+29, 3446067200, 3572482048},
+         0x1.6d0cp+28, 0x1.6d0cp+29, 3446067200, 3572498432},
         {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.1a59651e39d1ap-3, 0x1.563a5p+32,
-         0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3885318144},
+         0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3885326336},
         {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21ef44a20e47cp+7, 0x1.22e4c4p+34,
-         0x1.6d0bp+28, 0x1.11c84p+31, 10167043072, 2353828352},
+         0x1.6d0bp+28, 0x1.11c84p+31, 10167051264, 2353832448},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int st = HOST_STATE_AUTO; st <= HOST_STATE_SHARDED; st++) {
@@ -1312,6 +1341,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layer_flops),
+        cmocka_unit_test(test_document_attention_priced),
         cmocka_unit_test(test_bytes_per_pass),
         cmocka_unit_test(test_update_shares_host_memory),
         cmocka_unit_test(test_memory_footprint),

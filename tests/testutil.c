@@ -12,6 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/err.h"
+#include "common/hf.h"
+#include "common/layout.h"
 #include "common/rng.h"
 
 static char tmp_paths[8][1024];
@@ -258,4 +261,16 @@ int tu_shm_objects(const char *job)
     if (d)
         closedir(d);
     return n;
+}
+
+float *tu_load_weights(const char *dir, const struct layout *lay)
+{
+    struct hf_weights w;
+    if (hf_weights_open(dir, &w) != 0)
+        fail_msg("%s", sd_errmsg());
+    float *params = calloc((size_t)lay->total_numel, sizeof(float));
+    if (!params || hf_weights_load(&w, lay, params) != 0)
+        fail_msg("%s: %s", dir, params ? sd_errmsg() : "out of memory");
+    hf_weights_close(&w);
+    return params;
 }

@@ -39,6 +39,11 @@ int tu_run(char **argv, char **out);
 /* printf-style shell command through /bin/sh -c, output captured. */
 int tu_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+struct layout;
+/* The weights of the HF model directory dir in lay's parameter space (fp32, caller frees); fails
+ * the test when they cannot be read. */
+float *tu_load_weights(const char *dir, const struct layout *lay);
+
 /* A fixed seed, printed once per test so failures can be reproduced. */
 uint64_t tu_seed(const char *test, uint64_t seed);
 /* Deterministic uniform floats in [lo, hi) from a simple 64-bit generator. */

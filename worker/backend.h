@@ -112,23 +112,32 @@ struct backend_ops {
     void (*matmul_bwd)(struct backend *be, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
                        const void *w, int N, int IC, int OC, bool accumulate);
 
-    /* In place on x(B,T,H,D): non-interleaved rotation, dim j pairs with j+D/2 (HF rotate_half):
-     *   x1' = x1*cos - x2*sin ; x2' = x2*cos + x1*sin   for j < D/2, position t = row's index in T.
-     * cos, sin: fp32 tables (T, D/2) uploaded by the model code. */
-    void (*rope_fwd)(struct backend *be, void *x, const float *cos, const float *sin, int B, int T, int H, int D);
-    /* In place on dx: the transpose (inverse) rotation. */
-    void (*rope_bwd)(struct backend *be, void *dx, const float *cos, const float *sin, int B, int T, int H, int D);
+    /* Document positions. pos (may be NULL) is a device int32 array (B,T): each token's position in
+     * its document, 0 at a document's first token and counting up by one to the document's end (so
+     * a row is a run of documents; token t's document starts at t - pos[t]). NULL: the row is one
+     * document, pos[t] = t. The first token of every row has position 0. */
 
-    /* Causal attention with grouped KV heads: q(B,T,Hq,D), k,v(B,T,Hkv,D), query head h uses kv
-     * head h / (Hq/Hkv); scale 1/sqrt(D); softmax in fp32. out(B,T,Hq,D), lse(B,Hq,T) the natural
-     * log-sum-exp of each query row's scaled scores (kept for the backward). No (T,T) matrix may
-     * be stored in device memory by a backend meant for long sequences. */
+    /* In place on x(B,T,H,D): non-interleaved rotation, dim j pairs with j+D/2 (HF rotate_half):
+     *   x1' = x1*cos - x2*sin ; x2' = x2*cos + x1*sin   for j < D/2, at position pos[t] (t when
+     *   pos is NULL). cos, sin: fp32 tables (T, D/2) uploaded by the model code. */
+    void (*rope_fwd)(struct backend *be, void *x, const float *cos, const float *sin, const int32_t *pos, int B, int T,
+                     int H, int D);
+    /* In place on dx: the transpose (inverse) rotation. */
+    void (*rope_bwd)(struct backend *be, void *dx, const float *cos, const float *sin, const int32_t *pos, int B,
+                     int T, int H, int D);
+
+    /* Causal attention within documents, with grouped KV heads: q(B,T,Hq,D), k,v(B,T,Hkv,D), query
+     * t attends keys t - pos[t] .. t of its row (0 .. t when pos is NULL); query head h uses kv head
+     * h / (Hq/Hkv); scale 1/sqrt(D); softmax in fp32. out(B,T,Hq,D), lse(B,Hq,T) the natural
+     * log-sum-exp of each query row's scaled scores (kept for the backward). Work on key blocks
+     * wholly before a query block's documents is skipped, not masked. No (T,T) matrix may be stored
+     * in device memory by a backend meant for long sequences. */
     void (*attention_fwd)(struct backend *be, void *out, float *lse, const void *q, const void *k, const void *v,
-                          int B, int T, int Hq, int Hkv, int D);
+                          const int32_t *pos, int B, int T, int Hq, int Hkv, int D);
     /* dq(B,T,Hq,D), dk, dv(B,T,Hkv,D), overwritten. */
     void (*attention_bwd)(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
-                          const void *k, const void *v, const void *out, const float *lse, int B, int T, int Hq,
-                          int Hkv, int D);
+                          const void *k, const void *v, const void *out, const float *lse, const int32_t *pos, int B,
+                          int T, int Hq, int Hkv, int D);
 
     /* out(n) = silu(gate) * up, silu(x) = x / (1 + exp(-x)) */
     void (*swiglu_fwd)(struct backend *be, void *out, const void *gate, const void *up, size_t n);

@@ -153,7 +153,8 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     m->d_tokens = be->ops->alloc(be, N * sizeof(int32_t));
     m->d_targets = be->ops->alloc(be, N * sizeof(int32_t));
     m->d_correct = be->ops->alloc(be, N * sizeof(int32_t));
-    fail |= !m->d_tokens || !m->d_targets || !m->d_correct;
+    m->d_pos = be->ops->alloc(be, N * sizeof(int32_t));
+    fail |= !m->d_tokens || !m->d_targets || !m->d_correct || !m->d_pos;
     m->d_row_scale = f32_alloc(m, N, &fail);
     m->d_loss_rows = f32_alloc(m, N, &fail);
     size_t half = (size_t)cfg->head_dim / 2;
@@ -221,7 +222,7 @@ void model_free(struct model *m)
         for (int l = 0; l <= m->cfg.num_layers; l++)
             if (m->layer_inp[l])
                 be->ops->free(be, m->layer_inp[l]);
-    void *ptrs[] = {m->d_tokens, m->d_targets,  m->d_correct, m->d_row_scale, m->d_loss_rows, m->d_cos,
+    void *ptrs[] = {m->d_tokens, m->d_targets,  m->d_correct, m->d_pos, m->d_row_scale, m->d_loss_rows, m->d_cos,
                     m->d_sin,    m->d_final,    m->d_final_rstd, m->d_logits, m->d_dres,      m->d_dfinal,
                     m->bw_ni0,   m->bw_ni1,     m->bw_ni2,    m->bw_nc,       m->bw_q,        m->bw_k,
                     m->bw_v,     m->bw_q2,      m->bw_k2,     m->grad_bufs[0],
@@ -264,6 +265,24 @@ static void tensor_ptrs(const struct model *m, int chunk, const void *wbuf, floa
     }
 }
 
+/* This micro-batch's document positions for the backend ops, NULL when each row is one window. */
+static const int32_t *model_positions(const struct model *m)
+{
+    return m->documents ? m->d_pos : NULL;
+}
+
+void model_set_positions(struct model *m, const int32_t *positions)
+{
+    /* rows that are each one document run as whole windows: the same math, and the backend may
+     * then take its dense kernels (cuDNN's on CUDA) */
+    bool one_each = true;
+    for (int i = 0; positions && one_each && i < m->N; i++)
+        one_each = positions[i] == i % m->T;
+    m->documents = !one_each;
+    if (m->documents)
+        m->be->ops->upload(m->be, m->d_pos, positions, sizeof(int32_t) * (size_t)m->N);
+}
+
 static void layer_forward(struct model *m, const struct tensor_ptrs *p, const void *inp, void *out,
                           struct layer_acts *a)
 {
@@ -284,9 +303,10 @@ static void layer_forward(struct model *m, const struct tensor_ptrs *p, const vo
         o->rmsnorm_fwd(be, a->q, a->q_rstd, a->q_raw, p->w[TENSOR_Q_NORM], N * Hq, D, eps);
         o->rmsnorm_fwd(be, a->k, a->k_rstd, a->k_raw, p->w[TENSOR_K_NORM], N * Hkv, D, eps);
     }
-    o->rope_fwd(be, a->q, m->d_cos, m->d_sin, m->B, m->T, Hq, D);
-    o->rope_fwd(be, a->k, m->d_cos, m->d_sin, m->B, m->T, Hkv, D);
-    o->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, m->B, m->T, Hq, Hkv, D);
+    const int32_t *pos = model_positions(m);
+    o->rope_fwd(be, a->q, m->d_cos, m->d_sin, pos, m->B, m->T, Hq, D);
+    o->rope_fwd(be, a->k, m->d_cos, m->d_sin, pos, m->B, m->T, Hkv, D);
+    o->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, pos, m->B, m->T, Hq, Hkv, D);
     o->matmul_fwd(be, a->h, a->att, p->w[TENSOR_O], NULL, N, m->qdim, C);
     o->add_inplace(be, a->h, inp, (size_t)N * C);
     o->rmsnorm_fwd(be, a->ln2, a->rstd2, a->h, p->w[TENSOR_MLP_NORM], N, C, eps);
@@ -318,9 +338,10 @@ static void layer_backward(struct model *m, const struct tensor_ptrs *p, const v
     /* attention: h = inp + o_proj(attn(rope(norm(q)), rope(norm(k)), v)) */
     void *d_att = m->bw_q, *dq = m->bw_q2, *dk = m->bw_k2, *dv = m->bw_v;
     o->matmul_bwd(be, d_att, p->g[TENSOR_O], NULL, dres, a->att, p->w[TENSOR_O], N, m->qdim, C, false);
-    o->attention_bwd(be, dq, dk, dv, d_att, a->q, a->k, a->v, a->att, a->lse, m->B, m->T, Hq, Hkv, D);
-    o->rope_bwd(be, dq, m->d_cos, m->d_sin, m->B, m->T, Hq, D);
-    o->rope_bwd(be, dk, m->d_cos, m->d_sin, m->B, m->T, Hkv, D);
+    const int32_t *pos = model_positions(m);
+    o->attention_bwd(be, dq, dk, dv, d_att, a->q, a->k, a->v, a->att, a->lse, pos, m->B, m->T, Hq, Hkv, D);
+    o->rope_bwd(be, dq, m->d_cos, m->d_sin, pos, m->B, m->T, Hq, D);
+    o->rope_bwd(be, dk, m->d_cos, m->d_sin, pos, m->B, m->T, Hkv, D);
     if (cfg->qk_norm) {
         void *dq_raw = m->bw_q, *dk_raw = m->bw_k;
         o->rmsnorm_bwd(be, dq_raw, p->g[TENSOR_Q_NORM], dq, a->q_raw, p->w[TENSOR_Q_NORM], a->q_rstd, N * Hq, D,

@@ -48,6 +48,8 @@ struct model {
     /* device buffers */
     int32_t *d_tokens, *d_targets;
     int32_t *d_correct;
+    int32_t *d_pos;       /* (B,T) document positions (backend.h), used when `documents` */
+    bool documents;       /* the current micro-batch's rows are runs of documents (model_set_positions) */
     float *d_row_scale, *d_loss_rows;
     float *d_cos, *d_sin;
     void **layer_inp;     /* per layer + 1: the residual stream entering layer l; [L] = final */
@@ -80,6 +82,12 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
                int num_tensors, const struct chunk_desc *chunks, int num_chunks, int B, int T,
                const uint8_t *keep_acts, int logits_rows);
 void model_free(struct model *m);
+
+/* Document attention for the micro-batches that follow: positions (host, B*T) gives each token's
+ * position in its document, 0 at a document's first token (data_sequence_positions); each document
+ * then attends only to itself and its RoPE positions start at 0. NULL: each row is one window
+ * (whole-window causal attention, positions 0..T-1), the state after model_init. */
+void model_set_positions(struct model *m, const int32_t *positions);
 
 /* Forward, loss and backward of one micro-batch (host arrays of B*T entries). row_scale[i] is
  * the loss weight of target i (mask / count of unmasked targets in the global batch). loss_rows

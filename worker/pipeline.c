@@ -97,37 +97,45 @@ static bool loss_through(struct worker *w, uint32_t s, uint32_t done, double *su
     return true;
 }
 
-/* Loads micro-batch rows: sequence indices from the order contract. */
+/* Loads micro-batch rows: sequence indices from the order contract; with document attention, their
+ * document positions too, handed to the model. */
 static int load_rows(struct worker *w, struct data_set *d, const int64_t *seq_index, int rows)
 {
     int T = w->T;
     for (int i = 0; i < rows; i++) {
-        if (data_sequence(d, seq_index[i], w->seq_buf, w->mask + (size_t)i * T) != 0)
+        if (data_sequence_positions(d, seq_index[i], w->seq_buf, w->mask + (size_t)i * T, w->positions + (size_t)i * T) !=
+            0)
             return -1;
         memcpy(w->tokens + (size_t)i * T, w->seq_buf, sizeof(int32_t) * (size_t)T);
         memcpy(w->targets + (size_t)i * T, w->seq_buf + 1, sizeof(int32_t) * (size_t)T);
     }
+    model_set_positions(&w->model, w->documents ? w->positions : NULL);
     return 0;
 }
 
-/* Unmasked targets over the whole global batch of a step (every rank computes the same). */
-static int count_step_targets(struct worker *w, int64_t step, int64_t *count)
+/* Unmasked targets and documents over the whole global batch of a step (every rank computes the
+ * same). */
+static int count_step_batch(struct worker *w, int64_t step, int64_t *count, int64_t *documents)
 {
     if (!w->train.has_flags) {
         *count = job_tokens_per_step(&w->ctl->job);
+        *documents = job_sequences_per_step(&w->ctl->job);
         return 0;
     }
-    int64_t n = 0;
+    int64_t n = 0, docs = 0;
     for (int a = 0; a < w->A; a++)
         for (int r = 0; r < w->G; r++)
             for (int i = 0; i < w->mb; i++) {
                 int64_t k = data_seq_index(step, a, r, i, w->A, w->G, w->mb);
-                if (data_sequence(&w->train, k, w->seq_buf, w->mask) != 0)
+                if (data_sequence_positions(&w->train, k, w->seq_buf, w->mask, w->positions) != 0)
                     return -1;
-                for (int t = 0; t < w->T; t++)
+                for (int t = 0; t < w->T; t++) {
                     n += w->mask[t];
+                    docs += w->positions[t] == 0;
+                }
             }
     *count = n;
+    *documents = docs;
     return 0;
 }
 
@@ -142,15 +150,17 @@ static const struct model_io worker_io = {
 static int train_step(struct worker *w, uint32_t s)
 {
     struct ctl_header *h = w->ctl;
-    int64_t ntargets;
-    if (count_step_targets(w, s, &ntargets) != 0)
+    int64_t ntargets, ndocs;
+    if (count_step_batch(w, s, &ntargets, &ndocs) != 0)
         return -1;
     if (ntargets == 0)
         return sd_err("step %u has no unmasked targets in its global batch", s);
     struct step_record *rec = ctl_step(h, s);
     SD_ASSERT(atomic_load(&rec->step) == s || step_logged(w, s));
-    if (w->rank == ctl_local_first(h))
+    if (w->rank == ctl_local_first(h)) {
         rec->tokens = ntargets; /* a late write to a recycled record: this rank sets it again for that step */
+        rec->documents = ndocs;
+    }
     struct model_io io = worker_io;
     io.ctx = w;
     w->need_version = s - 1;
@@ -356,6 +366,8 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     w->mask = malloc(n);
     w->seq_buf = malloc(((size_t)w->T + 1) * sizeof(int32_t));
     w->seq_index = malloc((size_t)w->mb * sizeof(int64_t));
+    w->documents = h->job.attention == ATTENTION_DOCUMENT; /* resolved by the launcher */
+    w->positions = malloc(n * sizeof(int32_t));
     pthread_mutex_init(&w->post_mu, NULL);
     pthread_cond_init(&w->post_more, NULL);
     pthread_cond_init(&w->post_space, NULL);
@@ -363,7 +375,7 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     if (pthread_create(&w->poster, NULL, poster_main, w) != 0)
         return sd_err("cannot start the poster thread");
     if (!w->tokens || !w->targets || !w->correct || !w->row_scale || !w->loss_rows || !w->mask || !w->seq_buf ||
-        !w->seq_index)
+        !w->seq_index || !w->positions)
         return sd_err("out of memory");
     return 0;
 }

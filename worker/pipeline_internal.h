@@ -85,6 +85,8 @@ struct worker {
     float *row_scale, *loss_rows;
     uint8_t *mask;
     int32_t *seq_buf;
+    int32_t *positions; /* the micro-batch's document positions (B,T) */
+    bool documents;     /* document attention: the model gets the positions */
 };
 
 /* pipeline.c: the process's phase and heartbeat, and leaving when the job is torn down */

@@ -261,15 +261,23 @@ static void cpu_matmul_bwd(struct backend *be, void *dinp, float *dw, float *dbi
 
 /* ---- RoPE ---- */
 
-/* Rotates every (j, j+D/2) pair of x(B,T,H,D) by the angle of its position; sign = -1 applies the
- * transpose (inverse) rotation. */
-static void rope_rotate(float *x, const float *cos, const float *sin, int B, int T, int H, int D, float sign)
+/* Token t of row b's position in its document (backend.h: pos NULL means the row is one document). */
+static inline int doc_pos(const int32_t *pos, int b, int T, int t)
+{
+    return pos ? pos[(size_t)b * T + t] : t;
+}
+
+/* Rotates every (j, j+D/2) pair of x(B,T,H,D) by the angle of its position in its document; sign
+ * = -1 applies the transpose (inverse) rotation. */
+static void rope_rotate(float *x, const float *cos, const float *sin, const int32_t *pos, int B, int T, int H, int D,
+                        float sign)
 {
     SD_ASSERT(D % 2 == 0);
     int half = D / 2;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
-            const float *ct = cos + (size_t)t * half, *st = sin + (size_t)t * half;
+            size_t p = (size_t)doc_pos(pos, b, T, t);
+            const float *ct = cos + p * half, *st = sin + p * half;
             for (int h = 0; h < H; h++) {
                 float *v = x + (((size_t)b * T + t) * H + h) * D;
                 for (int j = 0; j < half; j++) {
@@ -282,17 +290,20 @@ static void rope_rotate(float *x, const float *cos, const float *sin, int B, int
         }
 }
 
-static void cpu_rope_fwd(struct backend *be, void *x, const float *cos, const float *sin, int B, int T, int H, int D)
+static void cpu_rope_fwd(struct backend *be, void *x, const float *cos, const float *sin, const int32_t *pos, int B,
+                         int T, int H, int D)
 {
-    rope_rotate(x, cos, sin, B, T, H, D, 1.0f);
+    rope_rotate(x, cos, sin, pos, B, T, H, D, 1.0f);
 }
 
-static void cpu_rope_bwd(struct backend *be, void *dx, const float *cos, const float *sin, int B, int T, int H, int D)
+static void cpu_rope_bwd(struct backend *be, void *dx, const float *cos, const float *sin, const int32_t *pos, int B,
+                         int T, int H, int D)
 {
-    rope_rotate(dx, cos, sin, B, T, H, D, -1.0f);
+    rope_rotate(dx, cos, sin, pos, B, T, H, D, -1.0f);
 }
 
 /* ---- attention ---- */
+
 
 static double dot_f32(const float *a, const float *b, int n)
 {
@@ -302,9 +313,10 @@ static double dot_f32(const float *a, const float *b, int n)
     return s;
 }
 
-/* One query row at a time: its scaled scores against keys 0..t live in a (T+D)-double scratch. */
+/* One query row at a time: its scaled scores against the keys of its document up to t (keys before
+ * the document are never visited) live in a (T+D)-double scratch. */
 static void cpu_attention_fwd(struct backend *be, void *out_, float *lse, const void *q_, const void *k_,
-                              const void *v_, int B, int T, int Hq, int Hkv, int D)
+                              const void *v_, const int32_t *pos, int B, int T, int Hq, int Hkv, int D)
 {
     SD_ASSERT(Hkv > 0 && Hq % Hkv == 0);
     float *out = out_;
@@ -317,15 +329,16 @@ static void cpu_attention_fwd(struct backend *be, void *out_, float *lse, const 
             int hk = h / group;
             for (int t = 0; t < T; t++) {
                 const float *qt = q + (((size_t)b * T + t) * Hq + h) * D;
+                int first = t - doc_pos(pos, b, T, t);
                 double mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
+                for (int s = first; s <= t; s++) {
                     score[s] = scale * dot_f32(qt, k + (((size_t)b * T + s) * Hkv + hk) * D, D);
                     if (score[s] > mx)
                         mx = score[s];
                 }
                 double sum = 0.0;
                 memset(acc, 0, (size_t)D * sizeof(double));
-                for (int s = 0; s <= t; s++) {
+                for (int s = first; s <= t; s++) {
                     double p = exp(score[s] - mx);
                     const float *vs = v + (((size_t)b * T + s) * Hkv + hk) * D;
                     sum += p;
@@ -344,8 +357,8 @@ static void cpu_attention_fwd(struct backend *be, void *out_, float *lse, const 
  * dq_t = scale*sum_s dS_ts k_s, dk_s += scale*dS_ts q_t, dv_s += P_ts dout_t. One kv head at a time:
  * its dk and dv (sums over the query heads that share it and over all t) build up in double. */
 static void cpu_attention_bwd(struct backend *be, void *dq_, void *dk_, void *dv_, const void *dout_, const void *q_,
-                              const void *k_, const void *v_, const void *out_, const float *lse, int B, int T,
-                              int Hq, int Hkv, int D)
+                              const void *k_, const void *v_, const void *out_, const float *lse, const int32_t *pos,
+                              int B, int T, int Hq, int Hkv, int D)
 {
     SD_ASSERT(Hkv > 0 && Hq % Hkv == 0);
     float *dq = dq_, *dk = dk_, *dv = dv_;
@@ -364,7 +377,7 @@ static void cpu_attention_bwd(struct backend *be, void *dq_, void *dk_, void *dv
                     double Dt = dot_f32(go, out + qi, D);
                     double l = lse[((size_t)b * Hq + h) * T + t];
                     memset(acc, 0, (size_t)D * sizeof(double));
-                    for (int s = 0; s <= t; s++) {
+                    for (int s = t - doc_pos(pos, b, T, t); s <= t; s++) {
                         size_t ki = (((size_t)b * T + s) * Hkv + hk) * D;
                         const float *ks = k + ki, *vs = v + ki;
                         double p = exp(scale * dot_f32(qt, ks, D) - l);

@@ -5,7 +5,10 @@
  *          dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q, accumulated in registers;
  *   dQ:    one block per (batch, query head, 128-row query tile), each warp 32 rows, looping over
  *          32-key tiles up to the diagonal: S, P, dP = dO V^T, dS, dQ += dS K.
- * P is recomputed from lse; mma.sync m16n8k16 bf16 with fp32 accumulation throughout. */
+ * P is recomputed from lse; mma.sync m16n8k16 bf16 with fp32 accumulation throughout. With document
+ * positions (backend.h) a key tile loops only over the query tiles up to its last key's document
+ * end, a dQ block starts at the key tile of its first row's document and a warp skips tiles wholly
+ * before its rows' documents; keys before a row's document are masked like future ones. */
 #include "attention_common.cuh"
 
 #define BWD_BM 64 /* dK/dV kernel: query rows per step */
@@ -45,18 +48,24 @@ __global__ void attn_bwd_rowdot_kernel(float *Dvec, const bf16 *dout, const bf16
 template <int D>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
     attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
-                         const float *lse, const float *Dvec, int T, int Hq, int Hkv, float scale_log2, float scale)
+                         const float *lse, const float *Dvec, const int32_t *pos, int T, int Hq, int Hkv,
+                         float scale_log2, float scale)
 {
     constexpr int LD = att_dims<D>::LD, KT = att_dims<D>::KT, DT = att_dims<D>::DT, NT = BWD_BM / 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
+    __shared__ int s_end;
     bf16 *sK = reinterpret_cast<bf16 *>(att_smem), *sV = sK + BWD_BN * LD, *sQ = sV + BWD_BN * LD,
          *sdO = sQ + 2 * BWD_BM * LD;
     float *sL = reinterpret_cast<float *>(sdO + 2 * BWD_BM * LD), *sD = sL + 2 * BWD_BM;
+    int *sS = reinterpret_cast<int *>(sD + 2 * BWD_BM); /* each query row's document start */
 
     int G = Hq / Hkv, b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
     int k0 = blockIdx.y * BWD_BN; /* key tile 0 has the most query tiles: it starts first */
     size_t qs = (size_t)Hq * D, ks = (size_t)Hkv * D;
-    int nqt = (T + BWD_BM - 1) / BWD_BM, i0 = k0 / BWD_BM, nq = nqt - i0, n_it = G * nq;
+    const int32_t *pb = pos ? pos + (size_t)b * T : nullptr;
+    /* the queries that see these keys end where the last key's document does */
+    int qend = pb ? doc_end_block<BWD_THREADS>(pb, min(k0 + BWD_BN, T) - 1, T, &s_end) : T;
+    int nqt = (qend + BWD_BM - 1) / BWD_BM, i0 = k0 / BWD_BM, nq = nqt - i0, n_it = G * nq;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
     int kr = warp * 16; /* this warp's keys within the tile */
 
@@ -71,6 +80,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
             /* rows past T get P = 0 */
             sL[buf * BWD_BM + t] = row < T ? lse[li] * LOG2E : INFINITY;
             sD[buf * BWD_BM + t] = row < T ? Dvec[li] : 0.0f;
+            sS[buf * BWD_BM + t] = pb ? doc_start(pb, row, T) : 0;
         }
     };
 
@@ -93,6 +103,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         int qt0 = (i0 + it % nq) * BWD_BM;
         const bf16 *sQb = sQ + buf * BWD_BM * LD, *sdOb = sdO + buf * BWD_BM * LD;
         const float *sLb = sL + buf * BWD_BM, *sDb = sD + buf * BWD_BM;
+        const int *sSb = sS + buf * BWD_BM;
 
         float st[NT][4] = {}, dpt[NT][4] = {};
 #pragma unroll
@@ -118,7 +129,8 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
             for (int e = 0; e < 4; e++) {
                 int qc = nt * 8 + 2 * tq + (e & 1);
                 float p = exp2_approx(st[nt][e] * scale_log2 - sLb[qc]);
-                if (diag && k0 + kr + g + (e >> 1) * 8 > qt0 + qc)
+                int key = k0 + kr + g + (e >> 1) * 8;
+                if ((diag && key > qt0 + qc) || key < sSb[qc])
                     p = 0.0f;
                 st[nt][e] = p;
                 dpt[nt][e] = p * (dpt[nt][e] - sDb[qc]);
@@ -161,13 +173,14 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
 template <int D>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
     attn_bwd_dq_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
-                       const float *Dvec, int T, int Hq, int Hkv, float scale_log2, float scale)
+                       const float *Dvec, const int32_t *pos, int T, int Hq, int Hkv, float scale_log2, float scale)
 {
     constexpr int LD = att_dims<D>::LD, KT = att_dims<D>::KT, DT = att_dims<D>::DT, NT = DQ_BN / 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(att_smem), *sdO = sQ + DQ_BM * LD, *sK = sdO + DQ_BM * LD,
          *sV = sK + 2 * DQ_BN * LD;
     float *sL = reinterpret_cast<float *>(sV + 2 * DQ_BN * LD), *sD = sL + DQ_BM; /* row terms, off registers */
+    int *sS = reinterpret_cast<int *>(sD + DQ_BM);                                 /* and document starts */
 
     int b = blockIdx.x / Hq, h = blockIdx.x % Hq, hk = h / (Hq / Hkv);
     int q0 = (gridDim.y - 1 - blockIdx.y) * DQ_BM; /* the longest rows start first */
@@ -176,11 +189,14 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
     int wr = warp * 16 * DQ_MT, wrow0 = q0 + wr; /* this warp's rows */
     int nkt = (min(T, q0 + DQ_BM) + DQ_BN - 1) / DQ_BN;
+    const int32_t *pb = pos ? pos + (size_t)b * T : nullptr;
+    int j0 = pb ? doc_start(pb, q0, T) / DQ_BN : 0;
+    int wstart = pb ? doc_start(pb, wrow0, T) : 0, wlast = pb ? doc_start(pb, wrow0 + 16 * DQ_MT - 1, T) : 0;
 
     load_tile<DQ_BM, D, BWD_THREADS>(sQ, q + qoff, q0, T, qs);
     load_tile<DQ_BM, D, BWD_THREADS>(sdO, dout + qoff, q0, T, qs);
-    load_tile<DQ_BN, D, BWD_THREADS>(sK, k + koff, 0, T, ks);
-    load_tile<DQ_BN, D, BWD_THREADS>(sV, v + koff, 0, T, ks);
+    load_tile<DQ_BN, D, BWD_THREADS>(sK, k + koff, j0 * DQ_BN, T, ks);
+    load_tile<DQ_BN, D, BWD_THREADS>(sV, v + koff, j0 * DQ_BN, T, ks);
     cp_async_commit();
 
     for (int t = threadIdx.x; t < DQ_BM; t += BWD_THREADS) {
@@ -189,11 +205,12 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         /* rows past T get P = 0 */
         sL[t] = row < T ? lse[li] * LOG2E : INFINITY;
         sD[t] = row < T ? Dvec[li] : 0.0f;
+        sS[t] = pb ? doc_start(pb, row, T) : 0;
     }
 
     float dqa[DQ_MT][DT][4] = {};
-    for (int j = 0; j < nkt; j++) {
-        int buf = j & 1;
+    for (int j = j0; j < nkt; j++) {
+        int buf = (j - j0) & 1;
         if (j + 1 < nkt) {
             load_tile<DQ_BN, D, BWD_THREADS>(sK + (buf ^ 1) * DQ_BN * LD, k + koff, (j + 1) * DQ_BN, T, ks);
             load_tile<DQ_BN, D, BWD_THREADS>(sV + (buf ^ 1) * DQ_BN * LD, v + koff, (j + 1) * DQ_BN, T, ks);
@@ -205,7 +222,8 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         __syncthreads();
         const bf16 *sKb = sK + buf * DQ_BN * LD, *sVb = sV + buf * DQ_BN * LD;
         int k0 = j * DQ_BN;
-        if (k0 <= wrow0 + 16 * DQ_MT - 1) { /* else every key of the tile is after this warp's rows */
+        /* else every key of the tile is after this warp's rows, or before their documents */
+        if (k0 <= wrow0 + 16 * DQ_MT - 1 && k0 + DQ_BN - 1 >= wstart) {
             float s[DQ_MT][NT][4] = {}, dp[DQ_MT][NT][4] = {};
             /* S = Q K^T, then dP = dO V^T: one product at a time keeps fewer fragments live */
 #pragma unroll
@@ -242,7 +260,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
                     }
                 }
             }
-            bool need_mask = k0 + DQ_BN - 1 > wrow0;
+            bool need_mask = k0 + DQ_BN - 1 > wrow0 || k0 < wlast;
 #pragma unroll
             for (int mt = 0; mt < DQ_MT; mt++)
 #pragma unroll
@@ -251,7 +269,8 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
                     for (int e = 0; e < 4; e++) {
                         int rr = wr + mt * 16 + g + (e >> 1) * 8;
                         float p = exp2_approx(s[mt][nt][e] * scale_log2 - sL[rr]);
-                        if (need_mask && k0 + nt * 8 + 2 * tq + (e & 1) > q0 + rr)
+                        int key = k0 + nt * 8 + 2 * tq + (e & 1);
+                        if (need_mask && (key > q0 + rr || key < sS[rr]))
                             p = 0.0f;
                         dp[mt][nt][e] = p * (dp[mt][nt][e] - sD[rr]);
                     }
@@ -293,7 +312,8 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
 
 template <int D>
 static void bwd_launch(struct backend *be, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                       const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, int B, int T, int Hq, int Hkv)
+                       const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, const int32_t *pos, int B,
+                       int T, int Hq, int Hkv)
 {
     cudaStream_t st = cuda_ctx_of(be)->compute;
     size_t rows = (size_t)B * T * Hq;
@@ -304,24 +324,26 @@ static void bwd_launch(struct backend *be, bf16 *dq, bf16 *dk, bf16 *dv, const b
 
     float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
     constexpr int LD = att_dims<D>::LD;
-    size_t smem_kv = (size_t)(2 * BWD_BN + 4 * BWD_BM) * LD * sizeof(bf16) + 4 * BWD_BM * sizeof(float);
+    size_t smem_kv = (size_t)(2 * BWD_BN + 4 * BWD_BM) * LD * sizeof(bf16) + 4 * BWD_BM * sizeof(float) +
+                     2 * BWD_BM * sizeof(int);
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
     dim3 grid_kv((unsigned)(B * Hkv), (unsigned)((T + BWD_BN - 1) / BWD_BN));
-    attn_bwd_dkdv_kernel<D><<<grid_kv, BWD_THREADS, smem_kv, st>>>(dk, dv, q, k, v, dout, lse, Dvec, T, Hq, Hkv,
-                                                                   scale_log2, scale);
+    attn_bwd_dkdv_kernel<D><<<grid_kv, BWD_THREADS, smem_kv, st>>>(dk, dv, q, k, v, dout, lse, Dvec, pos, T, Hq,
+                                                                   Hkv, scale_log2, scale);
     CUDA_CHECK(cudaGetLastError());
 
-    size_t smem_q = (size_t)(2 * DQ_BM + 4 * DQ_BN) * LD * sizeof(bf16) + 2 * DQ_BM * sizeof(float);
+    size_t smem_q = (size_t)(2 * DQ_BM + 4 * DQ_BN) * LD * sizeof(bf16) + 2 * DQ_BM * sizeof(float) +
+                    DQ_BM * sizeof(int);
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     dim3 grid_q((unsigned)(B * Hq), (unsigned)((T + DQ_BM - 1) / DQ_BM));
-    attn_bwd_dq_kernel<D><<<grid_q, BWD_THREADS, smem_q, st>>>(dq, q, k, v, dout, lse, Dvec, T, Hq, Hkv, scale_log2,
-                                                               scale);
+    attn_bwd_dq_kernel<D><<<grid_q, BWD_THREADS, smem_q, st>>>(dq, q, k, v, dout, lse, Dvec, pos, T, Hq, Hkv,
+                                                               scale_log2, scale);
     CUDA_CHECK(cudaGetLastError());
 }
 
 void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
-                        const void *k, const void *v, const void *out, const float *lse, int B, int T, int Hq,
-                        int Hkv, int D)
+                        const void *k, const void *v, const void *out, const float *lse, const int32_t *pos, int B,
+                        int T, int Hq, int Hkv, int D)
 {
     if (B == 0 || T == 0)
         return;
@@ -333,8 +355,9 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
     SD_ASSERT(cuda_aligned16(dq) && cuda_aligned16(dk) && cuda_aligned16(dv) && cuda_aligned16(dout) &&
               cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
 #ifdef SD_HAVE_CUDNN
-    /* cuDNN's backward sums dQ with atomics in whatever order its CTAs finish: not deterministic */
-    if (struct cudnn_sdpa *p = be->deterministic ? NULL : cudnn_sdpa_plan(1, B, T, Hq, Hkv, D)) {
+    /* cuDNN's backward sums dQ with atomics in whatever order its CTAs finish: not deterministic;
+     * document windows take the built-in kernels, which skip the tiles across documents */
+    if (struct cudnn_sdpa *p = be->deterministic || pos ? NULL : cudnn_sdpa_plan(1, B, T, Hq, Hkv, D)) {
         cudnn_sdpa_bwd(p, cuda_ctx_of(be)->compute, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), dq, dk, dv, dout,
                        q, k, v, out, lse);
         return;
@@ -344,9 +367,9 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
     const bf16 *go = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v,
                *oo = (const bf16 *)out;
     switch (D) {
-    case 16: bwd_launch<16>(be, a, bk, bv, go, qq, kk, vv, oo, lse, B, T, Hq, Hkv); break;
-    case 32: bwd_launch<32>(be, a, bk, bv, go, qq, kk, vv, oo, lse, B, T, Hq, Hkv); break;
-    case 64: bwd_launch<64>(be, a, bk, bv, go, qq, kk, vv, oo, lse, B, T, Hq, Hkv); break;
-    default: bwd_launch<128>(be, a, bk, bv, go, qq, kk, vv, oo, lse, B, T, Hq, Hkv); break;
+    case 16: bwd_launch<16>(be, a, bk, bv, go, qq, kk, vv, oo, lse, pos, B, T, Hq, Hkv); break;
+    case 32: bwd_launch<32>(be, a, bk, bv, go, qq, kk, vv, oo, lse, pos, B, T, Hq, Hkv); break;
+    case 64: bwd_launch<64>(be, a, bk, bv, go, qq, kk, vv, oo, lse, pos, B, T, Hq, Hkv); break;
+    default: bwd_launch<128>(be, a, bk, bv, go, qq, kk, vv, oo, lse, pos, B, T, Hq, Hkv); break;
     }
 }

@@ -91,6 +91,35 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* The first key of row t's document (backend.h), for rows past T that of row T-1 (they are never
+ * written, and a later start would only skip more). pb: the batch row's positions. */
+__device__ __forceinline__ int doc_start(const int32_t *pb, int t, int T)
+{
+    t = min(t, T - 1);
+    return t - pb[t];
+}
+
+/* The end (exclusive) of the document holding token t: the next document's first token, or T. All
+ * threads of the block call it and get the same answer; s_end is one int of shared memory. */
+template <int THREADS>
+__device__ int doc_end_block(const int32_t *pb, int t, int T, int *s_end)
+{
+    if (threadIdx.x == 0)
+        *s_end = T;
+    __syncthreads();
+    for (int base = t + 1; base < T; base += THREADS) {
+        int u = base + threadIdx.x;
+        if (u < T && pb[u] == 0)
+            atomicMin(s_end, u);
+        __syncthreads();
+        int e = *s_end;
+        __syncthreads(); /* every thread has read it before anyone may lower it again */
+        if (e < T)
+            return e;
+    }
+    return T;
+}
+
 __device__ __forceinline__ float exp2_approx(float x)
 {
     float y;

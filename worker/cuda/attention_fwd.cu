@@ -2,7 +2,9 @@
  * heads: one block of 4 warps per (batch, query head, 128-row query tile), each warp owning 32
  * query rows; 64-key tiles stream through double-buffered shared memory (cp.async), S = QK^T and
  * O += PV on mma.sync m16n8k16 bf16 tensor cores with an online softmax in fp32 (log2 domain).
- * Writes out (bf16) and lse (fp32, natural log); nothing of size (T,T) is stored. */
+ * Writes out (bf16) and lse (fp32, natural log); nothing of size (T,T) is stored. With document
+ * positions (backend.h) a block starts at the key tile of its first row's document and a warp skips
+ * tiles wholly before its rows' documents; keys before a row's document are masked like future ones. */
 #include "attention_common.cuh"
 
 #define FWD_BM 128 /* query rows per block */
@@ -14,8 +16,8 @@
 
 template <int D>
 __global__ void __launch_bounds__(FWD_THREADS, 2)
-    attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int Hq, int Hkv,
-                    float scale_log2)
+    attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *pos, int T,
+                    int Hq, int Hkv, float scale_log2)
 {
     constexpr int LD = att_dims<D>::LD, KT = att_dims<D>::KT, DT = att_dims<D>::DT, NT = FWD_BN / 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
@@ -29,10 +31,20 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
     int wr = warp * 16 * FWD_MT, wrow0 = q0 + wr; /* this warp's rows */
     int nkt = (min(T, q0 + FWD_BM) + FWD_BN - 1) / FWD_BN;
+    /* Document starts: of each of this thread's rows, and the first and last of this warp's rows. */
+    const int32_t *pb = pos ? pos + (size_t)b * T : nullptr;
+    int j0 = pb ? doc_start(pb, q0, T) / FWD_BN : 0;
+    int wstart = pb ? doc_start(pb, wrow0, T) : 0, wlast = pb ? doc_start(pb, wrow0 + 16 * FWD_MT - 1, T) : 0;
+    int dstart[FWD_MT][2];
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            dstart[mt][r] = pb ? doc_start(pb, wrow0 + mt * 16 + g + r * 8, T) : 0;
 
     load_tile<FWD_BM, D, FWD_THREADS>(sQ, qb, q0, T, qs);
-    load_tile<FWD_BN, D, FWD_THREADS>(sK, kb, 0, T, ks);
-    load_tile<FWD_BN, D, FWD_THREADS>(sV, vb, 0, T, ks);
+    load_tile<FWD_BN, D, FWD_THREADS>(sK, kb, j0 * FWD_BN, T, ks);
+    load_tile<FWD_BN, D, FWD_THREADS>(sV, vb, j0 * FWD_BN, T, ks);
     cp_async_commit();
 
     float o[FWD_MT][DT][4] = {};
@@ -45,8 +57,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
             l[mt][r] = 0.0f;
         }
 
-    for (int j = 0; j < nkt; j++) {
-        int buf = j & 1;
+    for (int j = j0; j < nkt; j++) {
+        int buf = (j - j0) & 1;
         if (j + 1 < nkt) {
             load_tile<FWD_BN, D, FWD_THREADS>(sK + (buf ^ 1) * FWD_BN * LD, kb, (j + 1) * FWD_BN, T, ks);
             load_tile<FWD_BN, D, FWD_THREADS>(sV + (buf ^ 1) * FWD_BN * LD, vb, (j + 1) * FWD_BN, T, ks);
@@ -58,8 +70,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
         __syncthreads();
         const bf16 *sKb = sK + buf * FWD_BN * LD, *sVb = sV + buf * FWD_BN * LD;
         int k0 = j * FWD_BN;
-        /* Tile 0 holds key 0, which every row sees, so each row's max is finite from the start. */
-        if (k0 <= wrow0 + 16 * FWD_MT - 1) {
+        if (k0 <= wrow0 + 16 * FWD_MT - 1 && k0 + FWD_BN - 1 >= wstart) {
             float s[FWD_MT][NT][4] = {};
 #pragma unroll
             for (int kk = 0; kk < KT; kk++) {
@@ -78,7 +89,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
                     }
                 }
             }
-            bool need_mask = k0 + FWD_BN - 1 > wrow0;
+            bool need_mask = k0 + FWD_BN - 1 > wrow0 || k0 < wlast;
 #pragma unroll
             for (int mt = 0; mt < FWD_MT; mt++)
 #pragma unroll
@@ -86,7 +97,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         float x = s[mt][nt][e] * scale_log2;
-                        if (need_mask && k0 + nt * 8 + 2 * tq + (e & 1) > wrow0 + mt * 16 + g + (e >> 1) * 8)
+                        int key = k0 + nt * 8 + 2 * tq + (e & 1);
+                        if (need_mask && (key > wrow0 + mt * 16 + g + (e >> 1) * 8 || key < dstart[mt][e >> 1]))
                             x = -INFINITY;
                         s[mt][nt][e] = x;
                     }
@@ -101,14 +113,16 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     float mnew = fmaxf(m[mt][r], mx);
-                    float alpha = exp2_approx(m[mt][r] - mnew);
+                    /* a row that has seen no key of its document yet (its max still -inf) stays at 0 */
+                    float mbase = mnew == -INFINITY ? 0.0f : mnew;
+                    float alpha = exp2_approx(m[mt][r] - mbase);
                     m[mt][r] = mnew;
                     float rs = 0.0f;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int e = 2 * r; e < 2 * r + 2; e++) {
-                            float p = exp2_approx(s[mt][nt][e] - mnew);
+                            float p = exp2_approx(s[mt][nt][e] - mbase);
                             s[mt][nt][e] = p;
                             rs += p;
                         }
@@ -162,14 +176,14 @@ __global__ void __launch_bounds__(FWD_THREADS, 2)
 }
 
 template <int D>
-static void fwd_launch(cudaStream_t st, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B,
-                       int T, int Hq, int Hkv)
+static void fwd_launch(cudaStream_t st, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                       const int32_t *pos, int B, int T, int Hq, int Hkv)
 {
     size_t smem = (size_t)(FWD_BM + 4 * FWD_BN) * att_dims<D>::LD * sizeof(bf16);
     CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)(B * Hq), (unsigned)((T + FWD_BM - 1) / FWD_BM));
     float scale_log2 = LOG2E / sqrtf((float)D);
-    attn_fwd_kernel<D><<<grid, FWD_THREADS, smem, st>>>(out, lse, q, k, v, T, Hq, Hkv, scale_log2);
+    attn_fwd_kernel<D><<<grid, FWD_THREADS, smem, st>>>(out, lse, q, k, v, pos, T, Hq, Hkv, scale_log2);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -183,8 +197,8 @@ bool cuda_attention_supports(struct backend *be, int D)
     return att_supported_dim(D);
 }
 
-void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q, const void *k, const void *v, int B,
-                        int T, int Hq, int Hkv, int D)
+void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q, const void *k, const void *v,
+                        const int32_t *pos, int B, int T, int Hq, int Hkv, int D)
 {
     if (B == 0 || T == 0)
         return;
@@ -196,7 +210,8 @@ void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q
     SD_ASSERT(cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
     cudaStream_t st = cuda_ctx_of(be)->compute;
 #ifdef SD_HAVE_CUDNN
-    if (struct cudnn_sdpa *p = cudnn_sdpa_plan(0, B, T, Hq, Hkv, D)) {
+    /* document windows take the built-in kernels, which skip the tiles across documents */
+    if (struct cudnn_sdpa *p = pos ? NULL : cudnn_sdpa_plan(0, B, T, Hq, Hkv, D)) {
         cudnn_sdpa_fwd(p, st, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), out, lse, q, k, v);
         return;
     }
@@ -204,9 +219,9 @@ void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     switch (D) {
-    case 16: fwd_launch<16>(st, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
-    case 32: fwd_launch<32>(st, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
-    case 64: fwd_launch<64>(st, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
-    default: fwd_launch<128>(st, o, lse, qq, kk, vv, B, T, Hq, Hkv); break;
+    case 16: fwd_launch<16>(st, o, lse, qq, kk, vv, pos, B, T, Hq, Hkv); break;
+    case 32: fwd_launch<32>(st, o, lse, qq, kk, vv, pos, B, T, Hq, Hkv); break;
+    case 64: fwd_launch<64>(st, o, lse, qq, kk, vv, pos, B, T, Hq, Hkv); break;
+    default: fwd_launch<128>(st, o, lse, qq, kk, vv, pos, B, T, Hq, Hkv); break;
     }
 }

@@ -155,15 +155,17 @@ void cuda_matmul_fwd(struct backend *be, void *out, const void *inp, const void 
 void cuda_matmul_bwd(struct backend *be, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
                      const void *w, int N, int IC, int OC, bool accumulate);
 /* rope.cu */
-void cuda_rope_fwd(struct backend *be, void *x, const float *cos, const float *sin, int B, int T, int H, int D);
-void cuda_rope_bwd(struct backend *be, void *dx, const float *cos, const float *sin, int B, int T, int H, int D);
+void cuda_rope_fwd(struct backend *be, void *x, const float *cos, const float *sin, const int32_t *pos, int B, int T,
+                   int H, int D);
+void cuda_rope_bwd(struct backend *be, void *dx, const float *cos, const float *sin, const int32_t *pos, int B, int T,
+                   int H, int D);
 /* cross_entropy.cu */
 void cuda_cross_entropy(struct backend *be, void *logits, float *loss_rows, int32_t *correct, const int32_t *targets,
                         const float *row_scale, int n, int V);
 /* attention_fwd.cu, attention_bwd.cu */
 bool cuda_attention_supports(struct backend *be, int D);
-void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q, const void *k, const void *v, int B,
-                        int T, int Hq, int Hkv, int D);
+void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q, const void *k, const void *v,
+                        const int32_t *pos, int B, int T, int Hq, int Hkv, int D);
 void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
-                        const void *k, const void *v, const void *out, const float *lse, int B, int T, int Hq,
-                        int Hkv, int D);
+                        const void *k, const void *v, const void *out, const float *lse, const int32_t *pos, int B,
+                        int T, int Hq, int Hkv, int D);

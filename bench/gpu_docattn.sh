@@ -1,0 +1,87 @@
+#!/bin/bash
+# Document attention (issue 30) on a GPU host, run from the repo root with the fixtures of
+# tests/fixtures/*_docs in place: builds (bench/gpu_build.sh), then
+#   1. the CUDA op parity test, document cases included (cuDNN where it loads, then the built-in
+#      kernels alone), and tests/test_docattn.c's fixtures on CUDA, deterministic and not (the fixtures
+#      from tests/fixtures/gen_doc_fixtures.py must be in tests/fixtures/ before the build configures);
+#   2. the attention kernels alone at Qwen3-1.7B's shape (B=2 T=4096, 16 query heads, 8 kv, D=128),
+#      document attention against dense causal attention for several length mixes (bench_attention);
+#   3. step time of the Qwen3-1.7B job (seq 4096, 2 sequences per micro-step, 8 micro-steps) on one
+#      packed SFT shard of documents of lognormal lengths (mean ~600, median ~400, tail clipped at
+#      4096), with [data] attention = document against window, side by side.
+# Logs under $OUT (or .gpuout/); the summary in $OUT/summary.log.
+. bench/gpu_build.sh
+
+# ---- 1. correctness ----
+timeout 200 "$build/tests/test_backend_ops" > "$out/backend_ops.log" 2>&1
+log "test_backend_ops exit $? : $(grep -E '^# [0-9]+ failures' "$out/backend_ops.log" | tr '\n' ' ')"
+SLIDEDP_ATTENTION=builtin timeout 200 "$build/tests/test_backend_ops" > "$out/backend_ops_builtin.log" 2>&1
+log "test_backend_ops, built-in attention, exit $?"
+grep -E 'FAILED|NOT BIT|non-finite' "$out/backend_ops.log" "$out/backend_ops_builtin.log" | grep -v broken | head -20 |
+    tee -a "$out/summary.log"
+for det in 1 0; do
+    SLIDEDP_DOCATTN_CUDA=1 SLIDEDP_DOCATTN_DETERMINISTIC=$det timeout 300 "$build/tests/test_docattn_fixtures" fixtures \
+        > "$out/docattn_cuda_det$det.log" 2>&1
+    log "test_docattn on CUDA, deterministic $det: exit $?"
+    grep -E '^# |FAILED' "$out/docattn_cuda_det$det.log" | grep -v 'step\|final weights' | tee -a "$out/summary.log"
+done
+
+# ---- 2. the kernels alone ----
+for impl in default builtin; do
+    if [ $impl = builtin ]; then export SLIDEDP_ATTENTION=builtin; else unset SLIDEDP_ATTENTION; fi
+    timeout 200 "$build/bench/bench_attention" > "$out/bench_attention_$impl.log" 2>&1 || log "bench_attention failed"
+    log "attention kernels ($impl dense path):"
+    grep -E '^attention .* documents' "$out/bench_attention_$impl.log" | tee -a "$out/summary.log"
+done
+unset SLIDEDP_ATTENTION
+
+# ---- 3. step time, document against window attention ----
+d=/tmp/docattn_bench
+rm -rf "$d" && mkdir -p "$d"
+python3 - "$d/train.bin" <<'PY'
+# An SFT shard of packed 4096-token windows: documents of lognormal lengths exp(N(6.0, 0.9)) (mean
+# ~605, median ~403) clipped at 4096, laid greedily; every token but a document's first is a target.
+import sys, numpy as np
+rng = np.random.default_rng(30)
+T, windows = 4096, 2 * 8 * 12
+toks, flags = [], []
+for _ in range(windows):
+    used = 0
+    while True:
+        n = int(min(T, np.ceil(np.exp(rng.normal(6.0, 0.9)))))
+        if used + n > T:
+            break
+        toks.append(rng.integers(0, 151936, size=n, dtype=np.uint32))
+        f = np.ones(n, dtype=np.uint8)
+        f[0] = 3
+        flags.append(f)
+        used += n
+    if used < T:
+        toks.append(np.zeros(T - used, dtype=np.uint32))
+        flags.append(np.zeros(T - used, dtype=np.uint8))
+toks.append(np.zeros(1, dtype=np.uint32)); flags.append(np.zeros(1, dtype=np.uint8))
+t, f = np.concatenate(toks), np.concatenate(flags)
+h = np.zeros(256, dtype=np.int32); h[:3] = (20261202, 1, len(t))
+open(sys.argv[1], "wb").write(h.tobytes() + t.astype("<u4").tobytes() + f.tobytes())
+docs = int((f & 2).sum())
+print(f"docattn shard: {windows} windows, {docs} documents, mean length {len(t) / docs:.0f} tokens (padding included)")
+PY
+bench_job "$d"
+for att in document window; do
+    timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" "log.dir=$d/$att/log" \
+        "checkpoint.dir=$d/$att/ckpt" train.grad_accum=8 train.steps=6 data.attention=$att > "$out/step_$att.log" 2>&1
+    log "train $att attention: exit $?"
+done
+python3 - "$d" <<'PY' | tee -a "$out/summary.log"
+import json, statistics, sys
+r = {}
+for att in ("document", "window"):
+    try:
+        steps = [json.loads(l) for l in open(f"{sys.argv[1]}/{att}/log/metrics.jsonl") if l.strip()]
+        r[att] = statistics.median(s["step_s"] for s in steps[1:])
+    except (OSError, ValueError, KeyError):
+        r[att] = float("nan")
+print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mean ~600): median step "
+      f"(steps 2-6) document {r['document']:.3f} s, window {r['window']:.3f} s, "
+      f"window/document {r['window'] / r['document']:.2f}")
+PY
