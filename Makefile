@@ -8,7 +8,7 @@ export PATH := $(CUDA_HOME)/bin:$(PATH)
 
 PKGS := meson ninja-build pkg-config gcc libc6-dev libuv1-dev libopenblas-dev libcmocka-dev \
         libinih-dev libcjson-dev libncurses-dev libonig-dev libutf8proc-dev python3-jinja2 python3-babel \
-        openmpi-bin libopenmpi-dev
+        openmpi-bin libopenmpi-dev cscope
 
 .PHONY: all deps npm-deps build run sft install test test-timing fuzz clean
 
