@@ -85,11 +85,12 @@ static void read_counts(const char *count_dir, struct table *t)
     assert_int_equal(files, PROCS);
 }
 
-/* The job that kills process p at the k-th pass of point i (written, not run yet). */
-static void kill_job(const struct variant *v, int i, int p, long k, struct batch_job *job)
+/* The job that kills process p at the k-th pass of point i, its `which` pass (middle, first or last:
+ * the same k for a point passed once or twice, each a job of its own), written, not run yet. */
+static void kill_job(const struct variant *v, int i, int p, long k, const char *which, struct batch_job *job)
 {
     snprintf(job->spec, sizeof job->spec, "%s:%ld:r%d", fault_points[i], k, proc_index[p]);
-    snprintf(job->name, sizeof job->name, "%s-%s-%s-%ld", v->tag, fault_points[i], proc_label[p], k);
+    snprintf(job->name, sizeof job->name, "%s-%s-%s-%ld-%s", v->tag, fault_points[i], proc_label[p], k, which);
     job->relaunch = p == 0;
     job->relaunch_after = 128 + SIGKILL;
     write_job_as(v, job->name, STEPS, EXTRA);
@@ -172,8 +173,9 @@ static void enumerate(const struct variant *v, bool with_launcher)
             if (n == 0 || (p == 0 && !with_launcher))
                 continue;
             long at[3] = {n / 2 + 1, 1, n};
+            static const char *const which[3] = {"middle", "first", "last"};
             for (int j = 0; j < (all ? 3 : 1); j++, kills++) {
-                kill_job(v, i, p, at[j], &jobs[kills]);
+                kill_job(v, i, p, at[j], which[j], &jobs[kills]);
                 job_proc[kills] = p;
             }
             t.mark[i][p] = '=';
