@@ -1,5 +1,5 @@
 # The two-command quick start: `make run` trains the embedded default job, `make test` runs the
-# whole test suite. Both install missing Debian packages first (as root; otherwise they print the
+# test suite (`make test-long` its long sweeps). Both install missing Debian packages first (as root; otherwise they print the
 # apt-get command), then configure and build with meson. The CUDA backend is built when nvcc is
 # found (CUDA_HOME/bin is put on PATH for that).
 BUILD ?= build
@@ -8,9 +8,9 @@ export PATH := $(CUDA_HOME)/bin:$(PATH)
 
 PKGS := meson ninja-build pkg-config gcc libc6-dev libuv1-dev libopenblas-dev libcmocka-dev \
         libinih-dev libcjson-dev libncurses-dev libonig-dev libutf8proc-dev python3-jinja2 python3-babel \
-        openmpi-bin libopenmpi-dev
+        openmpi-bin libopenmpi-dev cscope
 
-.PHONY: all deps npm-deps build run sft install test test-timing fuzz clean
+.PHONY: all deps npm-deps build run sft install test test-long test-timing fuzz clean
 
 all: build
 
@@ -82,8 +82,14 @@ npm-deps:
 	  npm install --no-audit --no-fund --loglevel=error $(NPM_PKGS) && echo "$(NPM_PKGS)" > installed; \
 	fi
 
+# The whole suite but the long sweeps and the timing test, in a few minutes on two cores.
 test: build npm-deps
-	meson test -C $(BUILD) --print-errorlogs --no-suite timing
+	meson test -C $(BUILD) --print-errorlogs --no-suite timing --no-suite long
+
+# The long sweeps (meson suite `long`: every fault point killed at its first, middle and last pass,
+# and the like), which `make test` covers at one pass each; CI runs them after `make test`.
+test-long: build
+	meson test -C $(BUILD) --print-errorlogs --suite long
 
 # The planner's predictions against the clock (tests/test_plan_cpu.c): on a quiet machine only, since
 # its result depends on how fast the machine runs while it measures.

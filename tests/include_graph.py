@@ -4,10 +4,17 @@ cycle between files, none between file names either (two headers of one name wou
 headers of one name, and no include from a lower layer to a higher one
 (common -> ingest; common -> shm -> monitor; shm -> worker and optimizer -> planner and tools -> launcher;
 tests and bench above all).
-Usage: include_graph.py SOURCE_ROOT. It first runs the same checks on small trees it writes with a
-known defect each, and fails if any defect goes unseen."""
+With COMPILE_COMMANDS_JSON (build/compile_commands.json) the same checks run on the graph the
+compiler reports (-H) for every translation unit, which must match the #include lines.
+Usage: include_graph.py SOURCE_ROOT [COMPILE_COMMANDS_JSON]. It first runs the same checks on small
+trees it writes with a known defect each, and fails if any defect goes unseen."""
+import concurrent.futures
+import json
 import os
 import re
+import shlex
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -88,6 +95,12 @@ def check(root):
     """Every violation in the tree at root, one line each."""
     files = sources(root)
     edges, errors = read_graph(root, files)
+    return files, edges, errors + graph_errors(files, edges)
+
+
+def graph_errors(files, edges):
+    """The violations in one include graph (edges file -> included files)."""
+    errors = []
     cycle = find_cycle(edges)
     if cycle:
         errors.append("include cycle between files: " + " -> ".join(cycle))
@@ -110,7 +123,66 @@ def check(root):
             ttop = t.split(os.sep)[0]
             if ttop != top and ttop not in MAY_INCLUDE[top]:
                 errors.append(f"{f} includes {t}: {top} is below {ttop} (docs/design.md §1.1)")
-    return files, edges, errors
+    return errors
+
+
+def compiler_command(entry):
+    """The entry's compile command made to only preprocess and print each header it opens (-H):
+    cc's own flags; for nvcc, the host compiler on the same -I and -D flags and the include folders
+    nvcc adds itself (preprocessing needs no CUDA compiler)."""
+    args = shlex.split(entry["command"]) if "command" in entry else list(entry["arguments"])
+    if os.path.basename(args[0]) == "nvcc":
+        cuda = os.path.join(os.path.dirname(shutil.which(args[0]) or "/usr/local/cuda/bin/nvcc"), "..", "include")
+        keep = [a for a in args[1:] if a.startswith(("-I", "-D"))] + [f"-I{cuda}", f"-I{cuda}/cccl"]
+        return ["g++", "-x", "c++"] + keep + ["-E", "-H", "-w", "-o", os.devnull, entry["file"]]
+    out, skip = [args[0]], False
+    for a in args[1:]:
+        if skip:
+            skip = False
+        elif a in ("-o", "-MQ", "-MF", "-MT"):
+            skip = True
+        elif a not in ("-c", "-MD", "-MMD"):
+            out.append(a)
+    return out + ["-E", "-H", "-w", "-o", os.devnull]
+
+
+def compiler_graph(root, compile_commands):
+    """Edges file -> file it includes among the tree's files, as the compiler reports them for each
+    translation unit of compile_commands.json (-H: one line per header opened, dots for its depth).
+    Returns (edges, errors)."""
+    with open(compile_commands) as fh:
+        entries = json.load(fh)
+    root = os.path.realpath(root)
+
+    def rel(directory, path):
+        p = os.path.realpath(os.path.join(directory, path))
+        return os.path.relpath(p, root) if p.startswith(root + os.sep) and "/build" not in p[len(root):] else None
+
+    def one(entry):
+        entry = dict(entry, directory=os.path.join(os.path.dirname(os.path.abspath(compile_commands)),
+                                                   entry["directory"]))
+        r = subprocess.run(compiler_command(entry), cwd=entry["directory"], capture_output=True, text=True)
+        return entry, r
+
+    edges, errors = {}, []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for entry, r in pool.map(one, entries):
+            tu = rel(entry["directory"], entry["file"])
+            if r.returncode != 0:
+                errors.append(f"{entry['file']}: the compiler could not preprocess it: {r.stderr.strip()[-300:]}")
+                continue
+            stack = [tu]  # stack[d]: the file open at depth d (None: outside the tree)
+            for line in r.stderr.splitlines():
+                m = re.match(r"^(\.+) (.+)$", line)
+                if not m:
+                    continue
+                depth, f = len(m[1]), rel(entry["directory"], m[2])
+                del stack[depth:]
+                parent = stack[depth - 1] if depth - 1 < len(stack) else None
+                if parent and f:
+                    edges.setdefault(parent, set()).add(f)
+                stack += [None] * (depth - len(stack)) + [f]
+    return {f: sorted(t) for f, t in edges.items()}, errors
 
 
 def write_tree(root, tree):
@@ -134,17 +206,26 @@ DEFECTS = [
                                              "optimizer/adamw.h": ""}, "worker is below optimizer"),
     ("an include of nothing", {"tools/a.c": '#include "tools/gone.h"\n'}, "names no source file"),
 ]
+# The same, compiled (common/a.c is the translation unit).
+COMPILED = [
+    ("a cycle of two headers", {"common/a.c": '#include "a.h"\n', "common/a.h": '#ifndef A\n#define A\n#include "b.h"\n#endif\n',
+                                "common/b.h": '#ifndef B\n#define B\n#include "a.h"\n#endif\n'}, "cycle between files"),
+    ("shm including the worker", {"common/a.c": '#include "shm/b.h"\n', "shm/b.h": '#include "worker/c.h"\n',
+                                  "worker/c.h": ""}, "shm is below worker"),
+    ("a clean tree", {"common/a.c": '#include "a.h"\n', "common/a.h": ""}, None),
+]
 CLEAN = {"common/a.h": "", "shm/b.h": '#include "common/a.h"\n', "launcher/c.h": "",
          "launcher/c.c": '#include "shm/b.h"\n#include "c.h"\n'}
 
 
-def self_test():
-    """Fails unless every known defect is reported and a clean tree passes."""
+def run_self_test(cases, errors_of, prefix):
+    """Writes each (what, tree, expected words or None for a clean tree) and checks errors_of(root)
+    reports the defect, or nothing; prints one line each, returns whether all were seen."""
     ok = True
-    for what, tree, expect in DEFECTS + [("a clean tree", CLEAN, None)]:
-        with tempfile.TemporaryDirectory(prefix="include_graph.") as d:
+    for what, tree, expect in cases:
+        with tempfile.TemporaryDirectory(prefix=prefix) as d:
             write_tree(d, tree)
-            _, _, errors = check(d)
+            errors = errors_of(d)
         seen = any(expect in e for e in errors) if expect else not errors
         print(f"# self-test, {what}: {'seen' if expect and seen else 'clean' if seen else 'MISSED'}"
               + ("".join(f"\n#   {e}" for e in errors) if errors and not seen else ""))
@@ -152,15 +233,42 @@ def self_test():
     return ok
 
 
+def compiler_errors(root):
+    """graph_errors on what the compiler reports for root/compile_commands.json."""
+    edges, errors = compiler_graph(root, os.path.join(root, "compile_commands.json"))
+    return errors + graph_errors(sources(root), edges)
+
+
+def self_test():
+    """Fails unless every known defect is reported and a clean tree passes, by the #include lines
+    and by the compiler."""
+    ok = run_self_test(DEFECTS + [("a clean tree", CLEAN, None)], lambda d: check(d)[2], "include_graph.")
+    compiled = [{"directory": ".", "command": "cc -I. -c common/a.c", "file": "common/a.c"}]
+    cases = [(f"the compiler sees {what}", dict(tree, **{"compile_commands.json": ""}), expect)
+             for what, tree, expect in COMPILED]
+    for _, tree, _ in cases:
+        tree["compile_commands.json"] = json.dumps(compiled)
+    return run_self_test(cases, compiler_errors, "include_graph.") and ok
+
+
 def main():
-    if len(sys.argv) != 2:
-        print("usage: include_graph.py SOURCE_ROOT", file=sys.stderr)
+    if len(sys.argv) not in (2, 3):
+        print("usage: include_graph.py SOURCE_ROOT [COMPILE_COMMANDS_JSON]", file=sys.stderr)
         return 2
     if not self_test():
         print("the checks missed a defect they must see")
         return 1
-    files, edges, errors = check(sys.argv[1])
+    root = sys.argv[1]
+    files, edges, errors = check(root)
     print(f"{len(files)} source files, {sum(len(t) for t in edges.values())} includes between them")
+    if len(sys.argv) == 3:
+        # the same checks on what the compiler opens, which must be what the #include lines say
+        cc_edges, cc_errors = compiler_graph(root, sys.argv[2])
+        print(f"the compiler: {len(cc_edges)} files include others, {sum(len(t) for t in cc_edges.values())} includes")
+        errors += cc_errors + [f"the compiler: {e}" for e in graph_errors(files, cc_edges)]
+        for f, targets in sorted(cc_edges.items()):
+            errors += [f"the compiler includes {t} from {f}, which its #include lines do not say"
+                       for t in targets if t not in edges.get(f, [])]
     for e in errors:
         print(e)
     return 1 if errors else 0

@@ -2,6 +2,7 @@
 #include "tests/testutil.h"
 #include "tests/jobrun.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@
 #include "shm/futex.h"
 
 char jobs_dir[1024];
+
+#define BATCH_MAX 8 /* launchers a batch may run at once */
 
 void jobs_setup(const char *tag)
 {
@@ -115,13 +118,18 @@ void fail_hung(pid_t pid, const char *name)
     fail_msg("%s: the launcher hung (no step logged and no exit for %d s)", name, HANG_S);
 }
 
+static int exit_status(int st)
+{
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 int wait_exit(pid_t pid, const char *name)
 {
     for (uint64_t t0 = clock_ns();; usleep(10000)) {
         int st;
         pid_t r = waitpid(pid, &st, WNOHANG);
         if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            return exit_status(st);
         if (r < 0)
             return -1;
         if (clock_ns() - t0 > HANG_S * 1000000000ull)
@@ -189,21 +197,87 @@ void assert_same_weights(const char *name, const char *ref)
     assert_int_equal(tu_shm_objects(job), 0);
 }
 
+int batch_width(void)
+{
+    const char *env = getenv("SLIDEDP_TEST_JOBS");
+    if (env && atoi(env) >= 1)
+        return atoi(env) < BATCH_MAX ? atoi(env) : BATCH_MAX;
+    cpu_set_t cpus;
+    int n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 2;
+    return n < 2 ? 2 : n > 4 ? 4 : n;
+}
+
+void run_batch(struct batch_job *jobs, int n)
+{
+    struct {
+        pid_t pid;
+        int job, run;
+        uint64_t t0;
+    } slot[BATCH_MAX];
+    int width = batch_width(), running = 0, next = 0;
+    while (next < n || running > 0) {
+        for (; running < width && next < n; next++, running++) {
+            jobs[next].rc[1] = -1;
+            slot[running].pid = start_launcher(jobs[next].name, jobs[next].spec[0] ? jobs[next].spec : NULL);
+            slot[running].job = next;
+            slot[running].run = 0;
+            slot[running].t0 = clock_ns();
+        }
+        usleep(10000);
+        for (int i = 0; i < running;) {
+            struct batch_job *j = &jobs[slot[i].job];
+            int st;
+            if (waitpid(slot[i].pid, &st, WNOHANG) != slot[i].pid) {
+                if (clock_ns() - slot[i].t0 > HANG_S * 1000000000ull)
+                    fail_hung(slot[i].pid, j->name);
+                i++;
+                continue;
+            }
+            j->rc[slot[i].run] = exit_status(st);
+            if (slot[i].run == 0 && j->relaunch && j->rc[0] == j->relaunch_after) {
+                slot[i].pid = start_launcher(j->name, NULL);
+                slot[i].run = 1;
+                slot[i].t0 = clock_ns();
+                i++;
+            } else {
+                slot[i] = slot[--running];
+            }
+        }
+    }
+}
+
 void assert_crash_finishes_like(const struct variant *v, const char *name, int steps, const char *spec, const char *ref)
 {
-    write_job_as(v, name, steps, "");
-    int rc = run_job(name, spec);
-    printf("# %s: crash at %s -> exit %d\n", name, spec, rc);
-    if (rc != 0)
-        show_log(name);
-    assert_int_equal(rc, 0);
-    char logp[1300];
-    job_path(name, "launcher.log", logp, sizeof logp);
-    char *log = tu_read_file(logp, NULL);
-    if (!strstr(log, "died from signal 9"))
-        fail_msg("%s: no process died at %s", name, spec);
-    free(log);
-    assert_same_weights(name, ref);
+    assert_crashes_finish_like(v, &name, &spec, 1, steps, ref);
+}
+
+void assert_crashes_finish_like(const struct variant *v, const char *const *names, const char *const *specs, int n,
+                                int steps, const char *ref)
+{
+    struct batch_job *jobs = calloc((size_t)n, sizeof *jobs);
+    assert_non_null(jobs);
+    for (int i = 0; i < n; i++) {
+        snprintf(jobs[i].name, sizeof jobs[i].name, "%s", names[i]);
+        snprintf(jobs[i].spec, sizeof jobs[i].spec, "%s", specs[i]);
+        write_job_as(v, names[i], steps, "");
+    }
+    run_batch(jobs, n);
+    for (int i = 0; i < n; i++) {
+        const char *name = names[i], *spec = specs[i];
+        int rc = jobs[i].rc[0];
+        printf("# %s: crash at %s -> exit %d\n", name, spec, rc);
+        if (rc != 0)
+            show_log(name);
+        assert_int_equal(rc, 0);
+        char logp[1300];
+        job_path(name, "launcher.log", logp, sizeof logp);
+        char *log = tu_read_file(logp, NULL);
+        if (!strstr(log, "died from signal 9"))
+            fail_msg("%s: no process died at %s", name, spec);
+        free(log);
+        assert_same_weights(name, ref);
+    }
+    free(jobs);
 }
 
 int metrics_lines(const char *name, int *first, int *last)

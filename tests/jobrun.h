@@ -60,6 +60,25 @@ void assert_finishes_like(pid_t pid, const char *name, const char *ref);
  * signal 9 and been restarted, and end like ref (assert_same_weights). */
 void assert_crash_finishes_like(const struct variant *v, const char *name, int steps, const char *spec,
                                 const char *ref);
+/* The same for n jobs, names[i] killed at specs[i], run batch_width() at a time. */
+void assert_crashes_finish_like(const struct variant *v, const char *const *names, const char *const *specs, int n,
+                                int steps, const char *ref);
+
+/* One job of a batch, written already: run with SLIDEDP_CRASH_AT=spec (none when empty); when
+ * `relaunch` is set and that run exits with `relaunch_after`, once more without it. */
+struct batch_job {
+    char name[96];
+    char spec[128];
+    bool relaunch;
+    int relaunch_after;
+    int rc[2]; /* the runs' exit statuses (as wait_exit's); rc[1] is -1 when not relaunched */
+};
+/* How many jobs a batch runs at once: SLIDEDP_TEST_JOBS, else the CPUs this process may use (at
+ * least 2, at most 4). The jobs are independent (own folders, own shm names), and what the tests
+ * assert of them does not depend on how fast they run. */
+int batch_width(void);
+/* Runs the jobs, batch_width() launchers at a time, and fills their rc; a hung one fails the test. */
+void run_batch(struct batch_job *jobs, int n);
 /* metrics.jsonl's lines (each step once, in order from 1); first and last step. */
 int metrics_lines(const char *name, int *first, int *last);
 /* Waits until launcher `pid` runs the job and has logged step `logged`. */

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Checks which programs link CUDA, read from their ELF files: `--none P...` must need no CUDA library
 # and hold no CUDA symbol (slidedp-launch and slidedp-plan: the launcher never initialises CUDA,
-# docs/design.md §1.2); `--some P...` must (the worker of a CUDA build: it shows the check sees CUDA).
+# docs/design.md §1.2); `--some P...` must (the CUDA backend module of a CUDA build: it shows the
+# check sees CUDA).
 set -u
 mode=
 status=0

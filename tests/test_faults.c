@@ -58,54 +58,99 @@ static void write_job(const char *name, int steps, const char *extra)
 /* Enough kills to prove the point; more would only make a slow machine slower (each restart waits). */
 #define MAX_RANDOM_KILLS 25
 
-/* Kills a random process of the given kind every few hundred ms until the launcher exits (at most
- * MAX_RANDOM_KILLS times); a process is killed again only after a step has completed since its
+/* Kills random processes of one kind of one job every few hundred ms until its launcher exits (at
+ * most MAX_RANDOM_KILLS times); a process is killed again only after a step has completed since its
  * last death (otherwise this would be a crash loop, which the launcher rightly stops). */
-static int kill_randomly(pid_t launcher, const char *name, int kind, int min_ms, int max_ms)
+struct killer {
+    const char *name;
+    pid_t launcher;
+    int kind;
+    struct job_shm shm;
+    int kills;
+    uint32_t committed_at_kill[64], logged;
+    uint64_t logged_ns, next_ns; /* when a step was last logged; when to try the next kill */
+    int result;                  /* (launcher's exit status << 16) | kills, or -1; once it exited */
+    bool done;
+};
+
+static void killer_schedule(struct killer *k, int min_ms, int max_ms)
 {
+    k->next_ns = clock_ns() + (uint64_t)(min_ms + (int)rnd((unsigned)(max_ms - min_ms))) * 1000000ull;
+}
+
+static void killer_start(struct killer *k, const char *name, pid_t launcher, int kind)
+{
+    memset(k, 0, sizeof *k);
+    k->name = name;
+    k->launcher = launcher;
+    k->kind = kind;
     char job[32];
     job_name_of(name, job, sizeof job);
-    struct job_shm shm;
-    int kills = 0;
-    uint32_t committed_at_kill[64] = {0}, logged = 0;
-    while (job_shm_attach(&shm, job, JOB_MAP_CTL, true) != 0) {
+    while (job_shm_attach(&k->shm, job, JOB_MAP_CTL, true) != 0) {
         if (waitpid(launcher, NULL, WNOHANG) == launcher)
             fail_msg("launcher exited before the job appeared");
         usleep(5000);
     }
-    for (uint64_t logged_ns = clock_ns();;) {
-        usleep((useconds_t)(min_ms + (int)rnd((unsigned)(max_ms - min_ms))) * 1000);
-        int st;
-        if (waitpid(launcher, &st, WNOHANG) == launcher) {
-            job_shm_detach(&shm);
-            return WIFEXITED(st) ? (WEXITSTATUS(st) << 16) | kills : -1;
-        }
-        struct ctl_header *h = shm.ctl;
-        if (atomic_load(&h->metrics_step) != logged) {
-            logged = atomic_load(&h->metrics_step);
-            logged_ns = clock_ns();
-        } else if (clock_ns() - logged_ns > HANG_S * 1000000000ull) {
-            job_shm_detach(&shm);
-            fail_hung(launcher, name);
-        }
-        int n = kind == PROC_WORKER ? h->gpus : h->optim_procs;
-        int victim = (int)rnd((unsigned)n);
-        uint32_t committed = ctl_committed_step(h);
-        if (kills >= MAX_RANDOM_KILLS || (kills > 0 && committed <= committed_at_kill[victim]))
-            continue;
-        int pid = atomic_load(&ctl_proc(h, kind, victim)->pid);
-        char comm[64] = "", path[64];
-        snprintf(path, sizeof path, "/proc/%d/comm", pid);
-        char *c = tu_read_file(path, NULL);
-        if (c) {
-            snprintf(comm, sizeof comm, "%s", c);
-            free(c);
-        }
-        if (pid > 0 && !strncmp(comm, kind == PROC_WORKER ? "slidedp-worker" : "slidedp-optim", 13) &&
-            kill(pid, SIGKILL) == 0) {
-            kills++;
-            committed_at_kill[victim] = committed;
-        }
+    k->logged_ns = clock_ns();
+}
+
+/* One attempt, due now: notes the launcher's exit, or kills a victim when one may be killed. */
+static void killer_tick(struct killer *k)
+{
+    int st;
+    if (waitpid(k->launcher, &st, WNOHANG) == k->launcher) {
+        job_shm_detach(&k->shm);
+        k->result = WIFEXITED(st) ? (WEXITSTATUS(st) << 16) | k->kills : -1;
+        k->done = true;
+        return;
+    }
+    struct ctl_header *h = k->shm.ctl;
+    if (atomic_load(&h->metrics_step) != k->logged) {
+        k->logged = atomic_load(&h->metrics_step);
+        k->logged_ns = clock_ns();
+    } else if (clock_ns() - k->logged_ns > HANG_S * 1000000000ull) {
+        job_shm_detach(&k->shm);
+        fail_hung(k->launcher, k->name);
+    }
+    int n = k->kind == PROC_WORKER ? h->gpus : h->optim_procs;
+    int victim = (int)rnd((unsigned)n);
+    uint32_t committed = ctl_committed_step(h);
+    if (k->kills >= MAX_RANDOM_KILLS || (k->kills > 0 && committed <= k->committed_at_kill[victim]))
+        return;
+    int pid = atomic_load(&ctl_proc(h, k->kind, victim)->pid);
+    char comm[64] = "", path[64];
+    snprintf(path, sizeof path, "/proc/%d/comm", pid);
+    char *c = tu_read_file(path, NULL);
+    if (c) {
+        snprintf(comm, sizeof comm, "%s", c);
+        free(c);
+    }
+    if (pid > 0 && !strncmp(comm, k->kind == PROC_WORKER ? "slidedp-worker" : "slidedp-optim", 13) &&
+        kill(pid, SIGKILL) == 0) {
+        k->kills++;
+        k->committed_at_kill[victim] = committed;
+    }
+}
+
+/* Runs the killers (every few hundred ms each, at random) until all their launchers have exited. */
+static void kill_randomly(struct killer *k, int n, int min_ms, int max_ms)
+{
+    for (int i = 0; i < n; i++)
+        killer_schedule(&k[i], min_ms, max_ms);
+    for (int left = n; left > 0;) {
+        uint64_t next = UINT64_MAX;
+        for (int i = 0; i < n; i++)
+            if (!k[i].done && k[i].next_ns < next)
+                next = k[i].next_ns;
+        uint64_t now = clock_ns();
+        if (next > now)
+            usleep((useconds_t)((next - now) / 1000));
+        for (int i = 0; i < n; i++)
+            if (!k[i].done && clock_ns() >= k[i].next_ns) {
+                killer_tick(&k[i]);
+                killer_schedule(&k[i], min_ms, max_ms);
+                left -= k[i].done;
+            }
     }
 }
 
@@ -118,38 +163,59 @@ static void variant_name(char *out, size_t len, const char *base, const struct v
 /* The uninterrupted runs a variant's interrupted ones must match: 120 steps, and 12 for crash points. */
 static void run_references(const struct variant *v, bool with_short)
 {
-    char name[64];
-    variant_name(name, sizeof name, "ref", v, "");
-    write_job_as(v, name, 120, "");
-    assert_int_equal(run_job(name, NULL), 0);
+    struct batch_job jobs[2] = {{.rc = {0}}};
+    variant_name(jobs[0].name, sizeof jobs[0].name, "ref", v, "");
+    write_job_as(v, jobs[0].name, 120, "");
+    variant_name(jobs[1].name, sizeof jobs[1].name, "ref", v, "-short");
+    if (with_short)
+        write_job_as(v, jobs[1].name, 12, "");
+    run_batch(jobs, with_short ? 2 : 1);
+    assert_int_equal(jobs[0].rc[0], 0);
     int first, last;
-    assert_int_equal(metrics_lines(name, &first, &last), 120);
-    if (!with_short)
-        return;
-    variant_name(name, sizeof name, "ref", v, "-short");
-    write_job_as(v, name, 12, "");
-    assert_int_equal(run_job(name, NULL), 0);
+    assert_int_equal(metrics_lines(jobs[0].name, &first, &last), 120);
+    if (with_short)
+        assert_int_equal(jobs[1].rc[0], 0);
 }
 
-/* A 120-step job whose processes of one kind are killed at random moments (at least 20 times). */
+/* 120-step jobs whose processes of one kind (kinds[i]) are killed at random moments, one job per
+ * kind, all at once; each must end like the uninterrupted run. */
+static void random_kills_of(const struct variant *v, const int *kinds, int n)
+{
+    char name[2][64], ref[64];
+    struct killer k[2];
+    assert_true(n <= 2);
+    variant_name(ref, sizeof ref, "ref", v, "");
+    for (int i = 0; i < n; i++) {
+        variant_name(name[i], sizeof name[i], kinds[i] == PROC_WORKER ? "kill-workers" : "kill-optims", v, "");
+        write_job_as(v, name[i], 120, "");
+        killer_start(&k[i], name[i], start_launcher(name[i], NULL), kinds[i]);
+    }
+    kill_randomly(k, n, 60, 240);
+    for (int i = 0; i < n; i++) {
+        int r = k[i].result;
+        printf("# %s: %d %s kills, launcher exit %d\n", name[i], r & 0xffff,
+               kinds[i] == PROC_WORKER ? "worker" : "optimizer", r >> 16);
+        if (r >> 16 != 0)
+            show_log(name[i]);
+        assert_int_equal(r >> 16, 0);
+        /* the kills prove something only if there were some; a slower machine only makes more */
+        assert_true((r & 0xffff) >= 1);
+        assert_same_weights(name[i], ref);
+        int first, last;
+        assert_int_equal(metrics_lines(name[i], &first, &last), 120);
+    }
+}
+
 static void random_kills(const struct variant *v, int kind)
 {
-    char name[64], ref[64];
-    variant_name(name, sizeof name, kind == PROC_WORKER ? "kill-workers" : "kill-optims", v, "");
-    variant_name(ref, sizeof ref, "ref", v, "");
-    write_job_as(v, name, 120, "");
-    pid_t pid = start_launcher(name, NULL);
-    int r = kill_randomly(pid, name, kind, 60, 240);
-    printf("# %s: %d %s kills, launcher exit %d\n", name, r & 0xffff, kind == PROC_WORKER ? "worker" : "optimizer",
-           r >> 16);
-    if (r >> 16 != 0)
-        show_log(name);
-    assert_int_equal(r >> 16, 0);
-    /* the kills prove something only if there were some; a slower machine only makes more */
-    assert_true((r & 0xffff) >= 1);
-    assert_same_weights(name, ref);
-    int first, last;
-    assert_int_equal(metrics_lines(name, &first, &last), 120);
+    random_kills_of(v, &kind, 1);
+}
+
+/* Worker kills and optimizer kills, in two jobs at once. */
+static void random_kills_both(const struct variant *v)
+{
+    static const int kinds[] = {PROC_WORKER, PROC_OPTIM};
+    random_kills_of(v, kinds, 2);
 }
 
 /* A named point of the protocol where both workers or all optimizers kill themselves, at the given
@@ -159,20 +225,24 @@ struct crash_point {
     int passes;
 };
 
-/* Each point in its own 12-step job, which must finish like the uninterrupted one. */
+/* Each point in its own 12-step job (several at once), which must finish like the uninterrupted one. */
+#define MAX_CRASH_POINTS 16
 static void crash_points(const struct variant *v, const struct crash_point *points, size_t n, uint64_t *point_rng)
 {
-    char ref[64], base[64];
+    char ref[64], base[64], spec[MAX_CRASH_POINTS][96], name[MAX_CRASH_POINTS][80];
+    const char *specs[MAX_CRASH_POINTS], *names[MAX_CRASH_POINTS];
+    assert_true(n <= MAX_CRASH_POINTS);
     variant_name(ref, sizeof ref, "ref", v, "-short");
     variant_name(base, sizeof base, "point", v, "");
     for (size_t i = 0; i < n; i++) {
-        char spec[96], name[80];
         int passes = points[i].passes;
         int count = passes < 0 ? -passes : 1 + (int)(tu_uniform(point_rng) * (float)passes) % passes;
-        snprintf(spec, sizeof spec, "%s:%d", points[i].name, count);
-        snprintf(name, sizeof name, "%s-%zu", base, i);
-        assert_crash_finishes_like(v, name, 12, spec, ref);
+        snprintf(spec[i], sizeof spec[i], "%s:%d", points[i].name, count);
+        snprintf(name[i], sizeof name[i], "%s-%zu", base, i);
+        specs[i] = spec[i];
+        names[i] = name[i];
     }
+    assert_crashes_finish_like(v, names, specs, (int)n, 12, ref);
 }
 
 static void test_reference(void **state)
@@ -202,8 +272,7 @@ static void test_kills_exchanging(void **state)
 {
     run_references(&exchanging, false);
     assert_same_weights("ref-xchg", "ref");
-    random_kills(&exchanging, PROC_WORKER);
-    random_kills(&exchanging, PROC_OPTIM);
+    random_kills_both(&exchanging);
 }
 
 /* Each named point of the protocol, hit at a varying count, in both workers or both optimizers. */
@@ -239,8 +308,7 @@ static void test_direct_gradients(void **state)
     const struct variant *variants[] = {&solo, &solo_during, &solo_bf16};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         run_references(variants[i], true);
-        random_kills(variants[i], PROC_WORKER);
-        random_kills(variants[i], PROC_OPTIM);
+        random_kills_both(variants[i]);
         crash_points(variants[i], points, sizeof points / sizeof points[0], &point_rng);
     }
 }
@@ -260,8 +328,7 @@ static void test_evicting_chunks(void **state)
     const struct variant *variants[] = {&evicting, &evicting_during};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         run_references(variants[i], true);
-        random_kills(variants[i], PROC_WORKER);
-        random_kills(variants[i], PROC_OPTIM);
+        random_kills_both(variants[i]);
         crash_points(variants[i], points, sizeof points / sizeof points[0], &point_rng);
     }
 }

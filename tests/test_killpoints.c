@@ -3,9 +3,9 @@
  * micro-steps, validation and checkpoints every 4 steps, once with the gradients reduced on the CPU
  * (host slots) and once with the exchange routes (sharded parameters, gradients reduced between
  * the workers). A clean run counts each process's passes of each point (SLIDEDP_FAULT_COUNT); each
- * (point, process) is then killed at its middle pass, in a job of its own, and must end with
- * weights and metrics bit-identical to the clean run (a killed launcher: after a relaunch; its
- * points, which do not depend on the routes, in the first job only). Then
+ * (point, process) is then killed at its middle pass, in a job of its own (batch_width() jobs at
+ * once), and must end with weights and metrics bit-identical to the clean run (a killed launcher:
+ * after a relaunch; its points, which do not depend on the routes, in the first job only). Then
  * SIGTERM-then-kill sequences: while the job stops, a worker, an optimizer or the launcher dies; the
  * relaunch resumes and ends bit-identical. Prints the table of points x processes.
  * SLIDEDP_KILLPOINTS_LONG=1 kills each at its first, middle and last pass (three times as long). */
@@ -85,21 +85,30 @@ static void read_counts(const char *count_dir, struct table *t)
     assert_int_equal(files, PROCS);
 }
 
-/* Kills process p at the k-th pass of point i and checks the outcome. */
-static void kill_at(const struct variant *v, const char *ref, int i, int p, long k)
+/* The job that kills process p at the k-th pass of point i, its `which` pass (middle, first or last:
+ * the same k for a point passed once or twice, each a job of its own), written, not run yet. */
+static void kill_job(const struct variant *v, int i, int p, long k, const char *which, struct batch_job *job)
 {
-    char spec[128], name[96];
-    snprintf(spec, sizeof spec, "%s:%ld:r%d", fault_points[i], k, proc_index[p]);
-    snprintf(name, sizeof name, "%s-%s-%s-%ld", v->tag, fault_points[i], proc_label[p], k);
-    write_job_as(v, name, STEPS, EXTRA);
-    int rc = run_job(name, spec);
+    snprintf(job->spec, sizeof job->spec, "%s:%ld:r%d", fault_points[i], k, proc_index[p]);
+    snprintf(job->name, sizeof job->name, "%s-%s-%s-%ld-%s", v->tag, fault_points[i], proc_label[p], k, which);
+    job->relaunch = p == 0;
+    job->relaunch_after = 128 + SIGKILL;
+    write_job_as(v, job->name, STEPS, EXTRA);
+}
+
+/* The outcome of kill_job's job once run: a killed launcher's job ends after a relaunch, another
+ * process is restarted; the weights and metrics are the clean run's. */
+static void check_kill(const char *ref, int p, const struct batch_job *job)
+{
+    const char *name = job->name, *spec = job->spec;
     bool launcher = p == 0;
+    int rc = job->rc[0];
     if (rc != (launcher ? 128 + SIGKILL : 0)) {
         show_log(name);
         fail_msg("%s: SLIDEDP_CRASH_AT=%s -> exit %d", name, spec, rc);
     }
     if (launcher) {
-        rc = run_job(name, NULL);
+        rc = job->rc[1];
         if (rc != 0) {
             show_log(name);
             fail_msg("%s: the relaunch after SLIDEDP_CRASH_AT=%s -> exit %d", name, spec, rc);
@@ -154,6 +163,8 @@ static void enumerate(const struct variant *v, bool with_launcher)
     static struct table t;
     read_counts(count_dir, &t);
     bool all = getenv("SLIDEDP_KILLPOINTS_LONG") != NULL;
+    static struct batch_job jobs[MAX_POINTS * PROCS * 3];
+    static int job_proc[MAX_POINTS * PROCS * 3];
     int kills = 0;
     for (int i = 0; i < num_points(); i++)
         for (int p = 0; p < PROCS; p++) {
@@ -162,10 +173,16 @@ static void enumerate(const struct variant *v, bool with_launcher)
             if (n == 0 || (p == 0 && !with_launcher))
                 continue;
             long at[3] = {n / 2 + 1, 1, n};
-            for (int j = 0; j < (all ? 3 : 1); j++, kills++)
-                kill_at(v, ref, i, p, at[j]);
+            static const char *const which[3] = {"middle", "first", "last"};
+            for (int j = 0; j < (all ? 3 : 1); j++, kills++) {
+                kill_job(v, i, p, at[j], which[j], &jobs[kills]);
+                job_proc[kills] = p;
+            }
             t.mark[i][p] = '=';
         }
+    run_batch(jobs, kills);
+    for (int k = 0; k < kills; k++)
+        check_kill(ref, job_proc[k], &jobs[k]);
     print_table(v->tag, &t);
     printf("# %s: %d kills, all bit-identical, in %.1f s\n", v->tag, kills, (double)(clock_ns() - t0) * 1e-9);
 }

@@ -5,9 +5,14 @@
  * sharded (each rank copies its 1/G into its exchange window and gathers the rest from its peers'
  * windows), gradients reduced on the CPU (every rank sends each chunk) or on the GPUs (each rank
  * sums its 1/G of every rank's gradient, in rank order, over the step, and sends that). This file
- * holds the step loop; the chunk cache, the exchange and the gradient poster are pipeline_cache.c,
- * pipeline_exchange.c and pipeline_poster.c (their shared state: pipeline_internal.h). */
-#include "pipeline_internal.h"
+ * holds the step loop, the top of the pipeline's files: it calls the chunk cache (pipeline_cache.c)
+ * and the gradient poster (pipeline_poster.c), which both call the exchange (pipeline_exchange.c),
+ * and all of them wait through pipeline_wait.c; none calls a file above it (docs/design.md §1.1).
+ * Their shared state: pipeline_internal.h. */
+#include "worker/pipeline_cache.h"
+#include "worker/pipeline_exchange.h"
+#include "worker/pipeline_poster.h"
+#include "worker/pipeline_wait.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,41 +21,7 @@
 
 #include "common/err.h"
 #include "common/fault.h"
-#include "common/parent.h"
 #include "shm/futex.h"
-
-static bool stop_now(struct worker *w)
-{
-    uint32_t stop = atomic_load(&w->ctl->stop);
-    return stop == STOP_NOW || stop == STOP_WORKERS_NOW || atomic_load(&w->slot->generation) != w->generation ||
-           parent_gone();
-}
-
-void set_phase(struct worker *w, int phase)
-{
-    atomic_store_explicit(&w->slot->phase, (uint32_t)phase, memory_order_relaxed);
-    atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
-}
-
-/* Shows a waiting phase while blocked, then the phase we were in before. */
-uint32_t begin_wait(struct worker *w, int phase)
-{
-    uint32_t prev = atomic_load_explicit(&w->slot->phase, memory_order_relaxed);
-    set_phase(w, phase);
-    return prev;
-}
-
-/* Called after every wait slice: beats the heartbeat the launcher's watchdog checks (a wait is
- * progress of its own), and exits the process when the job is being torn down while we wait;
- * nothing we hold needs saving: the launcher repairs rings and slots of dead or departed workers. */
-void bail_if_stopped(struct worker *w)
-{
-    atomic_store_explicit(&w->slot->heartbeat_ns, clock_ns(), memory_order_relaxed);
-    if (stop_now(w)) {
-        fprintf(stderr, "worker %d: stopping (job stopped or generation changed)\n", w->rank);
-        _exit(0);
-    }
-}
 
 static void save_loss_progress(struct worker *w, uint32_t s, uint32_t done, double sum);
 

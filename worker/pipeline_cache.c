@@ -1,21 +1,23 @@
-/* The worker's chunk cache (worker/pipeline_internal.h): device buffers holding (chunk, version)
- * pairs, filled from params16 or the streamed master (or gathered from the peers' windows when
- * parameters are sharded), evicted as worker/chunk_cache.h says, and the model's weights callbacks
- * over it. */
-#include "pipeline_internal.h"
+/* The worker's chunk cache (see pipeline_cache.h): device buffers holding (chunk, version) pairs,
+ * filled from params16 or the streamed master (or gathered through the exchange when parameters are
+ * sharded: this rank's shard from the host, the rest from the peers' windows), evicted as
+ * worker/chunk_cache.h says, and the model's weights callbacks over it. */
+#include "worker/pipeline_cache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "common/err.h"
 #include "shm/futex.h"
+#include "worker/pipeline_exchange.h"
+#include "worker/pipeline_wait.h"
 
 /* Waits until version need of chunk c is readable. Updating during the backward, a worker redoing a
  * step after a crash may find the chunk one version further: the bf16 copy of the other parity
  * still holds the one it needs (shm/ctl.h job_params16_of). Streaming the master there is no such
  * case: the master is updated in place, so its plans update after the backward (docs/design.md
  * §4.5). */
-void wait_version(struct worker *w, int c)
+static void wait_version(struct worker *w, int c)
 {
     struct chunk_state *cs = ctl_chunk_state(w->ctl, c);
     uint64_t t0 = clock_ns();
@@ -40,7 +42,10 @@ void wait_version(struct worker *w, int c)
     atomic_fetch_add_explicit(&w->slot->wait_ns, clock_ns() - t0, memory_order_relaxed);
 }
 
-void fetch_weights(struct worker *w, int slot, void *dst, int c, int64_t lo, int64_t n)
+/* Starts copying elements [lo, lo+n) of chunk c at the pass's version into device memory dst on
+ * transfer slot `slot`: from params16, or from the master rounded to bf16 on the way
+ * (plan_streams_master); counts the bytes read. */
+static void fetch_weights(struct worker *w, int slot, void *dst, int c, int64_t lo, int64_t n)
 {
     size_t at = (size_t)(ctl_chunks(w->ctl)[c].offset + lo);
     if (plan_streams_master(&w->ctl->plan)) {
@@ -57,6 +62,26 @@ static void cache_fill(struct worker *w, int i, int c)
 {
     wait_version(w, c);
     fetch_weights(w, i, w->cache_dev[i], c, 0, ctl_chunks(w->ctl)[c].numel);
+}
+
+/* Chunk c's parameter shard [lo, lo+n) at the version this pass needs, into device memory dst;
+ * waits for the copy. */
+static void stage_weights(struct worker *w, void *dst, int c, int64_t lo, int64_t n)
+{
+    wait_version(w, c);
+    fetch_weights(w, w->cache.size, dst, c, lo, n);
+    w->be.ops->synchronize(&w->be);
+}
+
+/* Sharded parameters: this rank's shard from the host into its window, then every rank's from the
+ * windows into device memory dst (a cache entry's buffer). */
+static void gather_chunk(struct worker *w, void *dst, int c, uint64_t key)
+{
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    void *shard = xchg_param_slot(w, key);
+    stage_weights(w, shard, c, layout_shard_begin(ch->numel, w->G, w->rank),
+                  layout_shard_numel(ch->numel, w->G, w->rank));
+    xchg_param_gather(w, dst, c, key);
 }
 
 /* Brings chunk c at the pass's version into cache entry i. */

@@ -1,6 +1,7 @@
-/* The exchange between workers (worker/pipeline_internal.h, shm/ctl.h struct xchg_rank): each
- * rank's window, sharded parameters gathered from the windows, GPU-side gradients reduced in them. */
-#include "pipeline_internal.h"
+/* The exchange between workers (see pipeline_exchange.h, shm/ctl.h struct xchg_rank): each rank's
+ * window, sharded parameters gathered from the windows, GPU-side gradients reduced in them. What
+ * goes into the windows from the host and what leaves for the optimizers is the callers' part. */
+#include "worker/pipeline_exchange.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include "common/err.h"
 #include "common/fault.h"
 #include "shm/futex.h"
+#include "worker/pipeline_wait.h"
 
 static struct xchg_rank *xchg_of(struct worker *w, int r)
 {
@@ -82,29 +84,23 @@ static size_t weight_size(const struct worker *w)
     return be_dtype_size(w->be.weight_dtype);
 }
 
-/* Chunk c's parameter shard [lo, lo+n) at the version this pass needs, into device memory dst;
- * waits for the copy. */
-static void stage_weights(struct worker *w, void *dst, int c, int64_t lo, int64_t n)
+static uint64_t param_offset(const struct worker *w, uint64_t key)
 {
-    wait_version(w, c);
-    fetch_weights(w, w->cache.size, dst, c, lo, n);
-    w->be.ops->synchronize(&w->be);
+    return w->win.param_base + (key % XCHG_SLOTS) * w->win.param_slot_bytes;
 }
 
-/* Sharded parameters: the first read of a (chunk, version), which every rank makes in the same
- * order, copies this rank's shard from the host into its window and every rank's shard from the
- * windows into device memory dst (a cache entry's buffer). */
-void gather_chunk(struct worker *w, void *dst, int c, uint64_t key)
+void *xchg_param_slot(struct worker *w, uint64_t key)
 {
-    struct ctl_header *h = w->ctl;
-    const struct chunk_desc *ch = &ctl_chunks(h)[c];
-    int slot = (int)(key % XCHG_SLOTS);
-    size_t ws = weight_size(w);
-    uint64_t off = w->win.param_base + (uint64_t)slot * w->win.param_slot_bytes;
     if (key >= XCHG_SLOTS) /* our slot's previous shard has been read by everyone */
         xchg_wait_all(w, offsetof(struct xchg_rank, param_gathered), key - XCHG_SLOTS + 1);
-    stage_weights(w, window_of(w, w->rank) + off, c, layout_shard_begin(ch->numel, w->G, w->rank),
-                  layout_shard_numel(ch->numel, w->G, w->rank));
+    return window_of(w, w->rank) + param_offset(w, key);
+}
+
+void xchg_param_gather(struct worker *w, void *dst, int c, uint64_t key)
+{
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    size_t ws = weight_size(w);
+    uint64_t off = param_offset(w, key);
     xchg_publish(w, &xchg_of(w, w->rank)->param_staged, key + 1);
     fault_point("worker_param_staged");
 
@@ -119,26 +115,31 @@ void gather_chunk(struct worker *w, void *dst, int c, uint64_t key)
     xchg_publish(w, &xchg_of(w, w->rank)->param_gathered, key + 1);
 }
 
-/* GPU-side gradients: puts this micro-step's gradient of chunk c in our window, adds our shard of
- * every rank's (rank order) onto the step's sum, and after the last micro-step sends that shard.
- * The sum runs in the order of the global micro-batches (a*G + r), as the CPU route's does. */
-void reduce_scatter_chunk(struct worker *w, int c, float *grad)
+static uint64_t grad_offset(const struct worker *w, uint64_t key)
 {
-    struct ctl_header *h = w->ctl;
-    const struct chunk_desc *ch = &ctl_chunks(h)[c];
-    uint64_t key = xchg_grad_key(h, w->step, w->micro_index, c);
-    uint64_t off = (key % XCHG_SLOTS) * w->win.grad_slot_bytes;
+    return (key % XCHG_SLOTS) * w->win.grad_slot_bytes;
+}
+
+uint64_t xchg_grad_publish(struct worker *w, int c, float *grad)
+{
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    uint64_t key = xchg_grad_key(w->ctl, w->step, w->micro_index, c);
     if (key >= XCHG_SLOTS) /* our slot's previous gradient has been read by everyone */
         xchg_wait_all(w, offsetof(struct xchg_rank, grad_reduced), key - XCHG_SLOTS + 1);
-    w->be.ops->copy_device(&w->be, window_of(w, w->rank) + off, grad, (size_t)ch->numel * sizeof(float));
+    w->be.ops->copy_device(&w->be, window_of(w, w->rank) + grad_offset(w, key), grad,
+                           (size_t)ch->numel * sizeof(float));
     w->be.ops->synchronize(&w->be);
     xchg_publish(w, &xchg_of(w, w->rank)->grad_published, key + 1);
     fault_point("worker_grad_published");
+    return key;
+}
 
+/* The sum runs in the order of the global micro-batches (a*G + r), as the CPU route's does. */
+void xchg_grad_reduce(struct worker *w, int c, uint64_t key, float *sum)
+{
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    uint64_t off = grad_offset(w, key);
     int64_t lo = layout_shard_begin(ch->numel, w->G, w->rank), n = layout_shard_numel(ch->numel, w->G, w->rank);
-    float *sum = w->grad_shard[c];
-    if (w->micro_index == 0)
-        io_grads_reuse(w, sum); /* last step's send of the sum has read it */
     xchg_wait_all(w, offsetof(struct xchg_rank, grad_published), key + 1);
     for (int r = 0; r < w->G; r++) {
         const float *src = (const float *)(window_of(w, r) + off) + lo;
@@ -151,12 +152,10 @@ void reduce_scatter_chunk(struct worker *w, int c, float *grad)
     }
     w->be.ops->synchronize(&w->be);
     xchg_publish(w, &xchg_of(w, w->rank)->grad_reduced, key + 1);
-    if ((int)w->micro_index == w->A - 1 && !sent_before_restart(w, c))
-        post_grad(w, c, sum, lo, n);
 }
 
-/* This rank's exchange window (a slice of the grads region on the CPU backend, else device memory
- * published to the peers through the ctl region) and the sums of its gradient shards. */
+/* The window is a slice of the grads region on the CPU backend, else device memory published to the
+ * peers through the ctl region. */
 int exchange_setup(struct worker *w)
 {
     struct ctl_header *h = w->ctl;

@@ -1,7 +1,7 @@
-/* What the files of the worker's pipeline share (worker/pipeline.c, the step loop;
- * pipeline_cache.c, the chunk cache; pipeline_exchange.c, the exchange between workers;
- * pipeline_poster.c, the gradient poster): the worker's state and the functions each lends the
- * others. Not for use outside worker/pipeline*.c. */
+/* The worker's state, which every file of its pipeline reads (docs/design.md §1.1: pipeline.c, the
+ * step loop, over pipeline_cache.c and pipeline_poster.c, over pipeline_exchange.c, over
+ * pipeline_wait.c). Declares no function: each file's header declares what it lends the files above
+ * it. Not for use outside worker/pipeline*.c. */
 #ifndef SD_PIPELINE_INTERNAL_H
 #define SD_PIPELINE_INTERNAL_H
 
@@ -12,8 +12,6 @@
 #include "worker/chunk_cache.h"
 #include "worker/model.h"
 #include "worker/pipeline.h"
-
-#define WAIT_SLICE_MS 100
 
 /* A gradient on its way to the host, or (chunk < 0) a progress mark, for the poster thread. */
 struct post {
@@ -88,36 +86,5 @@ struct worker {
     int32_t *positions; /* the micro-batch's document positions (B,T) */
     bool documents;     /* document attention: the model gets the positions */
 };
-
-/* pipeline.c: the process's phase and heartbeat, and leaving when the job is torn down */
-void set_phase(struct worker *w, int phase);
-uint32_t begin_wait(struct worker *w, int phase);
-void bail_if_stopped(struct worker *w);
-
-/* pipeline_cache.c: the chunk cache and the model's weights callbacks */
-void wait_version(struct worker *w, int c);
-/* Starts copying elements [lo, lo+n) of chunk c at the pass's version into device memory dst on
- * transfer slot `slot`: from params16, or from the master rounded to bf16 on the way
- * (plan_streams_master); counts the bytes read. */
-void fetch_weights(struct worker *w, int slot, void *dst, int c, int64_t lo, int64_t n);
-const void *io_weights(void *ctx, int c, int next);
-void io_release(void *ctx, int c);
-
-/* pipeline_exchange.c: parameters gathered from and gradients reduced with the peer workers */
-void gather_chunk(struct worker *w, void *dst, int c, uint64_t key);
-void reduce_scatter_chunk(struct worker *w, int c, float *grad);
-int exchange_setup(struct worker *w);
-
-/* pipeline_poster.c: gradients and progress marks on their way to the optimizers */
-void post_enqueue(struct worker *w, struct post p);
-void post_drain(struct worker *w);
-void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count);
-void io_grads_reuse(void *ctx, float *grad);
-void io_grads_done(void *ctx, int c, float *grad);
-bool all_posted(struct worker *w);
-bool sent_before_restart(struct worker *w, int c);
-void *poster_main(void *arg);
-void finish_rank(struct worker *w, uint32_t s);
-bool step_logged(struct worker *w, uint32_t s);
 
 #endif

@@ -1,7 +1,8 @@
-/* The worker's gradient poster (worker/pipeline_internal.h): gradient copies into host slots or
- * the accumulator, and the thread that posts their descriptors to the optimizers' rings once the
- * copies have landed, with the progress marks between them. */
-#include "pipeline_internal.h"
+/* The worker's gradient poster (see pipeline_poster.h): gradient copies into host slots or the
+ * accumulator (GPU-side gradients: after the exchange has reduced them), and the thread that posts
+ * their descriptors to the optimizers' rings once the copies have landed, with the progress marks
+ * between them. */
+#include "worker/pipeline_poster.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -9,6 +10,8 @@
 #include "common/err.h"
 #include "common/fault.h"
 #include "shm/futex.h"
+#include "worker/pipeline_exchange.h"
+#include "worker/pipeline_wait.h"
 
 void post_enqueue(struct worker *w, struct post p)
 {
@@ -20,7 +23,6 @@ void post_enqueue(struct worker *w, struct post p)
     pthread_mutex_unlock(&w->post_mu);
 }
 
-/* Waits until the poster has published everything queued so far. */
 void post_drain(struct worker *w)
 {
     pthread_mutex_lock(&w->post_mu);
@@ -61,7 +63,6 @@ static bool already_posted(struct worker *w, int c)
     return ctl_grad_out(w->ctl, w->rank, c, w->step, w->micro);
 }
 
-/* Whether the previous incarnation posted every chunk of the micro-batch being redone. */
 bool all_posted(struct worker *w)
 {
     for (int c = 0; c < w->ctl->num_chunks; c++)
@@ -71,7 +72,7 @@ bool all_posted(struct worker *w)
 }
 
 /* Whether the previous incarnation already sent this micro-batch's gradient of chunk c. */
-bool sent_before_restart(struct worker *w, int c)
+static bool sent_before_restart(struct worker *w, int c)
 {
     return w->recovering && w->step == w->recover_step && already_posted(w, c);
 }
@@ -104,7 +105,7 @@ static float *claim_slot(struct worker *w, int si, uint32_t *seq)
 /* Copies elements [begin, begin+count) of chunk c's gradient (device memory at grad) into the
  * next free host slot, or straight into the accumulator (grads_direct), and queues its descriptor
  * for the poster thread. */
-void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count)
+static void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t count)
 {
     struct ctl_header *h = w->ctl;
     /* Straight into the accumulator, the index only names the copy's completion event. The main
@@ -141,11 +142,26 @@ void post_grad(struct worker *w, int c, float *grad, int64_t begin, int64_t coun
     post_enqueue(w, post);
 }
 
+/* GPU-side gradients: chunk c's gradient through the exchange onto this rank's shard of the step's
+ * sum, which leaves after the last micro-step. */
+static void reduce_and_post(struct worker *w, int c, float *grad)
+{
+    const struct chunk_desc *ch = &ctl_chunks(w->ctl)[c];
+    float *sum = w->grad_shard[c];
+    uint64_t key = xchg_grad_publish(w, c, grad);
+    if (w->micro_index == 0)
+        io_grads_reuse(w, sum); /* last step's send of the sum has read it */
+    xchg_grad_reduce(w, c, key, sum);
+    if ((int)w->micro_index == w->A - 1 && !sent_before_restart(w, c))
+        post_grad(w, c, sum, layout_shard_begin(ch->numel, w->G, w->rank),
+                  layout_shard_numel(ch->numel, w->G, w->rank));
+}
+
 void io_grads_done(void *ctx, int c, float *grad)
 {
     struct worker *w = ctx;
     if (w->gpu_grads) {
-        reduce_scatter_chunk(w, c, grad);
+        reduce_and_post(w, c, grad);
         return;
     }
     if (!sent_before_restart(w, c))
@@ -222,7 +238,6 @@ void *poster_main(void *arg)
     return NULL;
 }
 
-/* Whether step s is logged already (its record then belongs to a later step). */
 bool step_logged(struct worker *w, uint32_t s)
 {
     return atomic_load_explicit(&w->ctl->metrics_step, memory_order_acquire) >= s;
