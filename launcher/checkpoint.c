@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/err.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/hf.h"
 #include "common/safetensors.h"
@@ -149,8 +150,10 @@ int checkpoint_write(const struct job_state *st, uint32_t step)
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
     if (fs_write_atomic(path, json, (size_t)len) != 0 || fs_fsync_dir(tmp) != 0)
         goto fail;
+    fault_point("ckpt_tmp_written");
     if (fs_publish_dir(tmp, dir) != 0)
         goto fail;
+    fault_point("ckpt_renamed");
     prune(st);
     return 0;
 fail:

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "common/fault.h"
 #include "shm/futex.h"
 
 #define RELAY_TAG 21
@@ -175,6 +176,7 @@ struct relay {
     uint32_t next_mark[JOB_MAX_GPUS]; /* per local rank: the step whose marks go out next */
     bool done_sent[JOB_MAX_GPUS];     /* ... and whether its MSG_DONE already went */
     struct inbound *in_head[JOB_MAX_GPUS], *in_tail[JOB_MAX_GPUS]; /* per remote rank, in arrival order */
+    struct inbound *states; /* host 0: MSG_STATE of a later step than the one it gathers now */
     struct outbound *out;
     /* sharded, per chunk: what went out of ours (the reduced step, the version, the state's step) */
     uint32_t *sent_reduced, *sent_version;
@@ -198,6 +200,7 @@ static bool send_to(struct relay *r, struct relay_msg *m, size_t bytes, int to)
     SD_ASSERT(o);
     o->msg = m;
     o->num_reqs = 0;
+    fault_point("relay_sending");
     for (int host = 0; host < r->hosts.count; host++) {
         if (host == r->hosts.index || (to >= 0 && host != to))
             continue;
@@ -398,7 +401,7 @@ static bool send_chunks(struct relay *r, bool *progressed)
     return true;
 }
 
-/* Sharded: applies what the host that sums a chunk sent about it. */
+/* Sharded: applies a chunk's norm or parameters from the host that sums it. */
 static void apply_chunk_msg(struct relay *r, const struct relay_msg *m)
 {
     struct ctl_header *h = r->h;
@@ -411,14 +414,48 @@ static void apply_chunk_msg(struct relay *r, const struct relay_msg *m)
         atomic_store_explicit(&cs->reduced_step, m->step, memory_order_release);
         atomic_fetch_add_explicit(&h->reduce_seq, 1, memory_order_release);
         futex_wake_all(&h->reduce_seq);
-    } else if (m->kind == MSG_PARAMS) {
+    } else {
         memcpy(job_params16_of(r->shm, m->step) + ch->offset, m + 1, (size_t)ch->numel * 2);
         /* release: the parameters are in place before a worker sees the version */
         atomic_store_explicit(&cs->version, m->step, memory_order_release);
         futex_wake_all(&cs->version);
-    } else {
-        copy_state(r, (int)m->chunk, (char *)(m + 1), false);
-        atomic_store(&r->state_step[m->chunk], m->step);
+    }
+}
+
+/* Host 0: the step whose whole state it gathers now, the first checkpoint or export step after
+ * the last one written. */
+static uint32_t gathered_step(const struct ctl_header *h)
+{
+    /* acquire: pairs with the launcher's release of ckpt_done_step after it wrote that checkpoint
+     * and gave the other hosts' pages back (state_release_remote_chunks) */
+    uint32_t done = atomic_load_explicit(&h->ckpt_done_step, memory_order_acquire);
+    uint32_t steps = (uint32_t)h->job.steps, every = h->ckpt_every;
+    uint32_t next = every ? (done / every + 1) * every : steps;
+    return next < steps ? next : steps;
+}
+
+/* Host 0: copies in the other hosts' state of the step it gathers now, and only that step's. A host
+ * released from a checkpoint once it sent its state may send the next one's while host 0 still
+ * writes the checkpoint: copied in then, it would tear that checkpoint, and the pages given back
+ * after it would lose it (zeros in the next). So a later step's state waits here. */
+static void apply_states(struct relay *r, bool *progressed)
+{
+    uint32_t want = gathered_step(r->h);
+    for (struct inbound **p = &r->states; *p;) {
+        struct inbound *in = *p;
+        if (in->msg->step > want) {
+            p = &in->next;
+            continue;
+        }
+        if (in->msg->step == want) { /* an earlier step's is stale: that checkpoint is written */
+            copy_state(r, (int)in->msg->chunk, (char *)(in->msg + 1), false);
+            atomic_store(&r->state_step[in->msg->chunk], want);
+            fault_point("relay_state_applied");
+        }
+        *p = in->next;
+        free(in->msg);
+        free(in);
+        *progressed = true;
     }
 }
 
@@ -452,6 +489,7 @@ static bool post_remote_grad(struct relay *r, const struct relay_msg *m)
         /* the ring holds more entries than the rank has slots */
         SD_ASSERT(ring_push(ctl_ring(h, (int)m->rank, owner), &d));
         ring_doorbell(h, owner);
+        fault_point("relay_grad_posted");
         return true;
     }
     return false;
@@ -493,16 +531,24 @@ static bool receive(struct relay *r, bool *progressed)
         rc = MPI_Recv(m, bytes, MPI_BYTE, st.MPI_SOURCE, RELAY_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS)
             return relay_fail(r, "MPI_Recv", rc);
+        fault_point("relay_received");
         *progressed = true;
-        if (m->kind >= MSG_NORM) {
+        if (m->kind == MSG_NORM || m->kind == MSG_PARAMS) {
             apply_chunk_msg(r, m);
             free(m);
             continue;
         }
-        SD_ASSERT(m->rank < (uint32_t)r->h->gpus && !ctl_rank_is_local(r->h, (int)m->rank));
         struct inbound *in = malloc(sizeof *in);
         SD_ASSERT(in);
         *in = (struct inbound){.msg = m};
+        if (m->kind == MSG_STATE) {
+            SD_ASSERT(r->hosts.index == 0 && m->chunk < (uint32_t)r->h->num_chunks &&
+                      !ctl_chunk_is_here(r->h, (int)m->chunk));
+            in->next = r->states;
+            r->states = in;
+            continue;
+        }
+        SD_ASSERT(m->rank < (uint32_t)r->h->gpus && !ctl_rank_is_local(r->h, (int)m->rank));
         if (r->in_tail[m->rank])
             r->in_tail[m->rank]->next = in;
         else
@@ -511,9 +557,10 @@ static bool receive(struct relay *r, bool *progressed)
     }
 }
 
-/* Posts what arrived, per remote rank in arrival order. */
+/* Posts what arrived, per remote rank in arrival order, and the state host 0 gathers now. */
 static void deliver(struct relay *r, bool *progressed)
 {
+    apply_states(r, progressed);
     for (int rank = 0; rank < r->h->gpus; rank++) {
         struct inbound *in;
         while ((in = r->in_head[rank])) {
@@ -654,6 +701,11 @@ void relay_stop(struct relay *r, bool flush)
             free(in->msg);
             free(in);
         }
+    for (struct inbound *in = r->states, *next; in; in = next) {
+        next = in->next;
+        free(in->msg);
+        free(in);
+    }
     for (struct outbound *o = r->out, *next; o; o = next) {
         next = o->next;
         free(o->msg);

@@ -657,9 +657,11 @@ int state_export(const struct job_state *st, const char *dir)
         fs_rm_rf(tmp);
         return -1;
     }
+    fault_point("ckpt_tmp_written");
     if (fs_publish_dir(tmp, dir) != 0) {
         fs_rm_rf(tmp);
         return -1;
     }
+    fault_point("ckpt_renamed");
     return 0;
 }
