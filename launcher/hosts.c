@@ -19,7 +19,7 @@
 #include "shm/futex.h"
 
 #define RELAY_TAG 21
-#define FINALIZE_TIMEOUT_S 60
+#define RELAY_FLUSH_TIMEOUT_S 60
 
 /* One environment's pair of variables naming the world size and this process's place in it. */
 struct mpi_env {
@@ -115,20 +115,59 @@ static void nap(long ns)
     nanosleep(&ts, NULL);
 }
 
+int hosts_check_same_checkpoint(const struct hosts *h, const char *ckpt_dir, uint32_t step, bool finished)
+{
+    if (h->count == 1)
+        return 0;
+    unsigned long long mine = (unsigned long long)step << 1 | finished, all[JOB_MAX_GPUS];
+    SD_ASSERT(h->count <= JOB_MAX_GPUS);
+    if (MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        return sd_err("host %d: cannot compare checkpoint.dir with the other hosts", h->index);
+    int other = -1;
+    for (int i = 0; i < h->count && other < 0; i++)
+        other = all[i] != all[0] ? i : -1;
+    if (other < 0)
+        return 0;
+    char seen[2][48];
+    int hosts[2] = {0, other};
+    for (int k = 0; k < 2; k++) {
+        unsigned long long v = all[hosts[k]];
+        if (v >> 1)
+            snprintf(seen[k], sizeof seen[k], "step-%llu%s", v >> 1, v & 1 ? " and final/" : "");
+        else
+            snprintf(seen[k], sizeof seen[k], "no checkpoint");
+    }
+    return sd_err("the hosts see different checkpoints in checkpoint.dir %s (host 0: %s, host %d: %s): every host "
+                  "must see the same directory (a shared file system); nothing was started",
+                  ckpt_dir, seen[0], other, seen[1]);
+}
+
+#define FINALIZE_NOTE_S 60
+
+/* Waits for every host without a bound: host 0 may write the export and the last checkpoint for a
+ * long time, and a host that leaves without MPI_Finalize makes mpirun kill the others (host 0 in
+ * the middle of its writes). A lost host is mpirun's to detect: it ends every host then. */
 void hosts_finalize(const struct hosts *h)
 {
     if (h->count == 1)
         return;
     MPI_Request req;
     int done = 0;
-    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
-        for (uint64_t t0 = now_ns(); !done && now_ns() - t0 < FINALIZE_TIMEOUT_S * 1000000000ull; nap(1000000))
-            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    }
-    if (!done) {
-        fprintf(stderr, "slidedp-launch: host %d: the other hosts did not finish within %d s; leaving without "
-                        "MPI_Finalize\n", h->index, FINALIZE_TIMEOUT_S);
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) {
+        fprintf(stderr, "slidedp-launch: host %d: cannot wait for the other hosts; leaving without MPI_Finalize\n",
+                h->index);
         return;
+    }
+    for (uint64_t t0 = now_ns(), noted = 0; !done; nap(1000000)) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        uint64_t waited_s = (now_ns() - t0) / 1000000000ull;
+        if (!done && waited_s >= noted + FINALIZE_NOTE_S) {
+            noted = waited_s;
+            printf("slidedp: host %d: done; waiting for the other hosts to finish (host 0 writes final/ and the "
+                   "last checkpoint), %llu s so far\n", h->index, (unsigned long long)waited_s);
+            fflush(stdout);
+        }
     }
     MPI_Finalize();
 }
@@ -607,8 +646,8 @@ static void *relay_main(void *arg)
         bool stopping = atomic_load(&r->stop);
         if (stopping && !stop_ns)
             stop_ns = now_ns();
-        if (stopping && now_ns() - stop_ns > FINALIZE_TIMEOUT_S * 1000000000ull)
-            break; /* a host that no longer receives: hosts_finalize reports it */
+        if (stopping && now_ns() - stop_ns > RELAY_FLUSH_TIMEOUT_S * 1000000000ull)
+            break; /* a host that no longer receives */
         if (!send_grads(r, &progressed) || !send_marks(r, &progressed) || !send_chunks(r, &progressed) ||
             !receive(r, &progressed) || !reap_sends(r))
             break;

@@ -995,6 +995,7 @@ int launch_run(const struct launch_opts *opts)
                "to train. To train again from the start: checkpoint.resume=never (replaces final/ and "
                "metrics.jsonl) or remove %s; to train longer: raise train.steps\n",
                job->ckpt_dir, job->steps, job->ckpt_dir);
+        hosts_finalize(&s->st.hosts); /* every host found it finished (hosts_check_same_checkpoint) */
         return 0;
     }
     char warning[512];
