@@ -10,7 +10,7 @@ PKGS := meson ninja-build pkg-config gcc libc6-dev libuv1-dev libopenblas-dev li
         libinih-dev libcjson-dev libncurses-dev libonig-dev libutf8proc-dev python3-jinja2 python3-babel \
         openmpi-bin libopenmpi-dev
 
-.PHONY: all deps npm-deps build run sft install test test-timing fuzz clean
+.PHONY: all deps npm-deps build run sft install test test-long test-timing fuzz clean
 
 all: build
 
@@ -81,7 +81,12 @@ npm-deps:
 	fi
 
 test: build npm-deps
-	meson test -C $(BUILD) --print-errorlogs --no-suite timing
+	meson test -C $(BUILD) --print-errorlogs --no-suite timing --no-suite long
+
+# The full kill- and delay-point sweeps (tests/test_sweep.sh full): every named point in every
+# process, one host and two in both host_state modes; `make test` runs a fixed subset.
+test-long: build
+	meson test -C $(BUILD) --print-errorlogs --suite long
 
 # The planner's predictions against the clock (tests/test_plan_cpu.c): on a quiet machine only, since
 # its result depends on how fast the machine runs while it measures.

@@ -52,11 +52,12 @@ optim_threads = 1
 EOF
 }
 
-# one host: name gpus grad_accum [overrides...]; the exit code is returned, output in name.log
+# one host: name gpus grad_accum [overrides...]; the exit code is returned, output in name.log (both
+# kinds of run end after RUN_TIMEOUT seconds, 300 unless set)
 run_one() {
     local name=$1 gpus=$2 accum=$3
     shift 3
-    timeout 300 "$B/slidedp-launch" job.ini runtime.gpus="$gpus" train.grad_accum="$accum" log.dir="$name" \
+    timeout "${RUN_TIMEOUT:-300}" "$B/slidedp-launch" job.ini runtime.gpus="$gpus" train.grad_accum="$accum" log.dir="$name" \
         checkpoint.dir="$name/ckpt" "$@" >>"$name.log" 2>&1
 }
 # two hosts: name host_state "env of host 0" "env of host 1" [overrides...] (one rank, two micro-steps each)
@@ -66,7 +67,7 @@ run_two() {
     local args=(job.ini runtime.gpus=1 train.grad_accum=2 runtime.host_state="$mode" log.dir="$name"
         checkpoint.dir="$name/ckpt" "$@")
     # shellcheck disable=SC2086
-    timeout 300 mpirun --oversubscribe -np 1 env $env0 "$B/slidedp-launch" "${args[@]}" : \
+    timeout "${RUN_TIMEOUT:-300}" mpirun --oversubscribe -np 1 env $env0 "$B/slidedp-launch" "${args[@]}" : \
         -np 1 env $env1 "$B/slidedp-launch" "${args[@]}" >>"$name.log" 2>&1
 }
 job_of() { sed -n 's/^slidedp: job \([0-9a-f]\{12\}\).*/\1/p' "$1.log" | head -n 1; }
