@@ -249,8 +249,8 @@ static int check_existing_state(const struct job_state *st)
     }
     if (same)
         return 1;
-    return sd_err("the shared state a dead launcher (pid %d) left in /dev/shm/slidedp.%s.* (log.dir %s) is of "
-                  "another configuration: %s. Relaunch with its values to continue it, or remove it with "
+    return sd_err("the shared state a dead launcher (pid %d) left in /dev/shm/slidedp.%s.* (log.dir %s) is of a "
+                  "different configuration: %s. Relaunch with its values to continue it, or remove it with "
                   "slidedp-launch --clean %s",
                   pid, st->job_name, st->job.log_dir, changed, st->job.ini_path);
 }
