@@ -84,8 +84,9 @@ for setup in one replicated sharded; do
             runs=$((runs + 1))
         done
     done
+    unpassed=$(for point in $POINTS; do grep -qs "^$point " counts/$setup-h*/* || echo -n "$point "; done)
     echo "# $setup: ${#targets[@]} targets (point x process passed), kill ${tally[$setup-0]:-0} and delay" \
-        "${tally[$setup-1]:-0} bit-identical"
+        "${tally[$setup-1]:-0} bit-identical; points no process passed here: ${unpassed:-none}"
     s=$((s + 1))
 done
 echo "# $passes of $runs runs bit-identical to one uninterrupted host"
