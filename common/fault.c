@@ -89,11 +89,12 @@ static void parse_rules(const char *var, bool delay, unsigned restarts, int inde
             fields[nf++] = f;
         int first_option = delay ? 3 : 2;
         int point = nf >= first_option ? point_index(fields[0]) : -1;
-        long target = point >= 0 && delay && !strcmp(fields[1], "all") ? 0 : point >= 0 ? strtol(fields[1], NULL, 10) : -1;
+        bool every = point >= 0 && delay && !strcmp(fields[1], "all");
+        long target = every ? 0 : point >= 0 ? strtol(fields[1], NULL, 10) : -1;
         long ms = delay && point >= 0 ? strtol(fields[2], NULL, 10) : 0;
-        if (point < 0 || target < 0 || (delay && ms <= 0)) {
-            fprintf(stderr, "%s: '%s' is not point:n%s[:option...] with a known point\n", var, tok,
-                    delay ? ":ms" : "");
+        if (point < 0 || (target < 1 && !every) || (delay && ms <= 0)) {
+            fprintf(stderr, "%s=%s: a rule is not point:n%s[:option...] with a known point\n", var, spec,
+                    delay ? ":ms (n a pass from 1 or all, ms > 0)" : " (n a pass from 1)");
             abort();
         }
         bool applies = restarts == 0, stop = false, hold = false;
