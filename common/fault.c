@@ -93,8 +93,9 @@ static void parse_rules(const char *var, bool delay, unsigned restarts, int inde
         long target = every ? 0 : point >= 0 ? strtol(fields[1], NULL, 10) : -1;
         long ms = delay && point >= 0 ? strtol(fields[2], NULL, 10) : 0;
         if (point < 0 || (target < 1 && !every) || (delay && ms <= 0)) {
-            fprintf(stderr, "%s=%s: a rule is not point:n%s[:option...] with a known point\n", var, spec,
-                    delay ? ":ms (n a pass from 1 or all, ms > 0)" : " (n a pass from 1)");
+            fprintf(stderr, "%s=%s: a rule is not %s with a known point\n", var, spec,
+                    delay ? "point:n:ms[:option...] (n a pass from 1 or all, ms > 0)"
+                          : "point:n[:option...] (n a pass from 1)");
             abort();
         }
         bool applies = restarts == 0, stop = false, hold = false;
