@@ -74,14 +74,20 @@ job_of() { sed -n 's/^slidedp: job \([0-9a-f]\{12\}\).*/\1/p' "$1.log" | head -n
 
 # trainer_state.json without what names the run (run_id): the same for every run of one job
 trainer_state() { grep -v '"run_id"' "$1"; }
-# same_run NAME REF: NAME's every checkpoint, final/ and metrics are REF's, bit for bit, and no shm
-# is left; prints one line
+# same_run NAME REF [DIRS]: NAME's every checkpoint, final/ and metrics are REF's, bit for bit, and no
+# shm is left; prints one line. NAME holds the checkpoints REF holds, or with DIRS ("step-2 ... final")
+# at least those, and any other of its checkpoints (a stop's) must be in REF too
 same_run() {
     local name=$1 ref=$2 d
-    [ "$(cd "$ref/ckpt" && ls -d step-* final)" = "$(cd "$name/ckpt" && ls -d step-* final 2>/dev/null)" ] ||
-        { tail -n 30 "$name.log"; fail "$name: checkpoints $(cd "$name/ckpt" && echo *), $ref has $(cd "$ref/ckpt" && echo *)"; }
-    for d in "$ref"/ckpt/step-*; do
-        d=${d#"$ref"/ckpt/}
+    local want=${3:-$(cd "$ref/ckpt" && echo step-* final)} have
+    have=$(cd "$name/ckpt" 2>/dev/null && echo step-* final)
+    for d in $want; do
+        [[ " $have " == *" $d "* ]] || { tail -n 30 "$name.log"; fail "$name: $d missing (it has $have)"; }
+    done
+    [ $# = 3 ] || [ "$have" = "$want" ] || { tail -n 30 "$name.log"; fail "$name: checkpoints $have, $ref has $want"; }
+    for d in $have; do
+        [ "$d" = final ] && continue
+        [ -d "$ref/ckpt/$d" ] || { tail -n 30 "$name.log"; fail "$name: $d is not a checkpoint of $ref"; }
         cmp -s "$ref/ckpt/$d/model.safetensors" "$name/ckpt/$d/model.safetensors" &&
             cmp -s "$ref/ckpt/$d/optimizer.safetensors" "$name/ckpt/$d/optimizer.safetensors" &&
             cmp -s <(trainer_state "$ref/ckpt/$d/trainer_state.json") <(trainer_state "$name/ckpt/$d/trainer_state.json") ||

@@ -8,11 +8,14 @@
 # Usage: test_sweep.sh bounded|full. `bounded` (make test) takes the targets at the positions
 # 5*(2*setup + action) (mod 32) of each setup's sorted target list, so that kills and delays land on
 # launcher, relay, worker and optimizer points alike; `full` (make test-long) takes all.
+# SWEEP_SETUPS="one replicated sharded" (the default) names the setups to run.
 . "$SD_SOURCE/tests/runs_lib.sh"
 SWEEP=${1:-bounded}
 RUN_TIMEOUT=150
 write_job 5 2
-run_one ref 1 4 || { cat ref.log; fail "reference"; }
+# the reference checkpoints every step: a stop's checkpoint (a lost host, replicated) is compared too
+run_one ref 1 4 checkpoint.every=1 || { cat ref.log; fail "reference"; }
+EXPECTED="step-2 step-4 step-5 final"
 POINTS=$(sed -n '/^const char \*const fault_points\[\] = {/,/NULL};/p' "$S/common/fault.c" | grep -o '"[a-z0-9_]*"' |
     tr -d '"')
 echo "# $(echo "$POINTS" | wc -l) named points; sweep: $SWEEP"
@@ -33,12 +36,32 @@ run_setup() {
     esac
 }
 
-passes=0 runs=0
+# one target: runs setup $1 as job $2 with the rule $6 on host $3 for process $4 (action $5: 0 kill,
+# 1 delay), relaunches after a killed launcher, and compares with the reference
+sweep_one() {
+    local setup=$1 name=$2 h=$3 proc=$4 a=$5 env=$6 rc
+    run_setup "$setup" "$name" "$h" "$env"
+    rc=$?
+    if [ $a = 0 ] && [ "${proc%%[0-9]*}" = launcher ]; then
+        [ $rc != 0 ] || { tail -n 20 "$name.log"; fail "$name: $env: the launcher survived"; }
+        run_setup "$setup" "$name" 0 "" || { tail -n 30 "$name.log"; fail "$name: the relaunch after $env"; }
+    elif [ $rc != 0 ]; then
+        tail -n 30 "$name.log"
+        fail "$name: $env: exit $rc"
+    elif [ $a = 0 ]; then
+        grep -q "died from signal 9" "$name.log" || { tail -n 20 "$name.log"; fail "$name: $env killed nothing"; }
+    fi
+    same_run "$name" ref "$EXPECTED"
+    same_run "$name" ref "$EXPECTED"
+}
+
+passes=0 runs=0 failed=()
 declare -A tally
-s=0
-for setup in one replicated sharded; do
-    hosts=1
+for setup in ${SWEEP_SETUPS:-one replicated sharded}; do
+    hosts=1 s=0
     [ $setup = one ] || hosts=2
+    [ $setup = replicated ] && s=1
+    [ $setup = sharded ] && s=2
     # the clean run's passes: counts/<setup>-h<host>/<role><index>.<pid> files of "point n" lines
     for ((h = 0; h < hosts; h++)); do mkdir -p counts/$setup-h$h; done
     if [ $setup = one ]; then
@@ -47,7 +70,7 @@ for setup in one replicated sharded; do
         run_two count-$setup $setup SLIDEDP_FAULT_COUNT=$T/counts/$setup-h0 SLIDEDP_FAULT_COUNT=$T/counts/$setup-h1 ||
             { cat count-$setup.log; fail "count $setup"; }
     fi
-    same_run count-$setup ref
+    same_run count-$setup ref "$EXPECTED"
     # the targets: point host role index passes, in a fixed order
     targets=()
     for point in $POINTS; do
@@ -66,28 +89,21 @@ for setup in one replicated sharded; do
             k=$(((n + 1) / 2))
             name=$setup-$a-$point-h$h-$proc
             if [ $a = 0 ]; then env="SLIDEDP_CRASH_AT=$point:$k:r$idx"; else env="SLIDEDP_DELAY_AT=$point:$k:1000:r$idx"; fi
-            run_setup $setup "$name" "$h" "$env"
-            rc=$?
-            if [ $a = 0 ] && [ "${proc%%[0-9]*}" = launcher ]; then
-                [ $rc != 0 ] || { tail -n 20 "$name.log"; fail "$name: $env: the launcher survived"; }
-                run_setup $setup "$name" 0 "" || { tail -n 30 "$name.log"; fail "$name: the relaunch after $env"; }
-            elif [ $rc != 0 ]; then
-                tail -n 30 "$name.log"
-                fail "$name: $env: exit $rc"
-            elif [ $a = 0 ]; then
-                grep -q "died from signal 9" "$name.log" || { tail -n 20 "$name.log"; fail "$name: $env killed nothing"; }
+            runs=$((runs + 1))
+            # a run that fails is reported and the sweep goes on (fail leaves the subshell only)
+            if ! (sweep_one "$setup" "$name" "$h" "$proc" "$a" "$env"); then
+                failed+=("$name $env")
+                continue
             fi
-            same_run "$name" ref
             echo "ok: $setup host $h $proc $env"
             passes=$((passes + 1))
             tally[$setup-$a]=$((${tally[$setup-$a]:-0} + 1))
-            runs=$((runs + 1))
         done
     done
     unpassed=$(for point in $POINTS; do grep -qs "^$point " counts/$setup-h*/* || echo -n "$point "; done)
     echo "# $setup: ${#targets[@]} targets (point x process passed), kill ${tally[$setup-0]:-0} and delay" \
         "${tally[$setup-1]:-0} bit-identical; points no process passed here: ${unpassed:-none}"
-    s=$((s + 1))
 done
 echo "# $passes of $runs runs bit-identical to one uninterrupted host"
+[ ${#failed[@]} = 0 ] || fail "${#failed[@]} run(s) failed: $(printf '%s; ' "${failed[@]}")"
 echo "PASS"
