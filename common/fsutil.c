@@ -28,6 +28,15 @@ int fs_is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+const char *fs_display_path(const char *path, char *out, size_t len)
+{
+    char cwd[4096];
+    size_t n = getcwd(cwd, sizeof cwd) ? strlen(cwd) : 0;
+    bool under = n > 1 && strncmp(path, cwd, n) == 0 && path[n] == '/';
+    snprintf(out, len, "%s", under ? path + n + 1 : path);
+    return out;
+}
+
 int fs_self_dir(char *out, size_t len)
 {
     char self[4096];

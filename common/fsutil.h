@@ -20,6 +20,9 @@ int fs_exists(const char *path);
 int fs_is_file(const char *path);
 /* The folder of the running executable (where its sibling programs are). */
 int fs_self_dir(char *out, size_t len);
+/* path as a user reads it: relative to the current directory when it lies under it ("runs/x"),
+ * else unchanged; returns out. */
+const char *fs_display_path(const char *path, char *out, size_t len);
 /* A byte count in the unit that reads best ("1.50 GiB", "3.20 MiB", "12.0 KiB"); returns out. */
 const char *fs_bytes_str(double bytes, char out[32]);
 

@@ -604,6 +604,24 @@ int hf_export(const char *out_dir, const char *config_json_src, const struct mod
     return rc;
 }
 
+/* Every file transformers' AutoTokenizer and GenerationConfig read from a model directory. */
+static const char *const TOKENIZER_FILES[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
+};
+
+int hf_copy_tokenizer_files(const char *model_dir, const char *out_dir)
+{
+    char src[HF_PATH_MAX], dst[HF_PATH_MAX];
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
+        if (join(src, model_dir, TOKENIZER_FILES[i]) != 0 || join(dst, out_dir, TOKENIZER_FILES[i]) != 0)
+            return -1;
+        if (fs_is_file(src) && fs_copy_file(src, dst) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ---- config.json ------------------------------------------------------------------------------ */
 
 /* A float as Python's json writes it: shortest round-trip digits, always with a '.' or exponent. */

@@ -38,6 +38,12 @@ int hf_export(const char *out_dir, const char *config_json_src, const struct mod
               const struct layout *lay, const float *params_f32, enum hf_export_dtype dtype,
               size_t max_shard_bytes);
 
+/* Copies the tokenizer and generation files that exist in model_dir (tokenizer.json,
+ * tokenizer_config.json, generation_config.json, special_tokens_map.json, the vocab/merges/
+ * sentencepiece files, chat templates) into out_dir byte for byte, so that an export or a
+ * checkpoint is a model directory transformers loads with its tokenizer. */
+int hf_copy_tokenizer_files(const char *model_dir, const char *out_dir);
+
 /* Writes a config.json describing cfg (used for random-init jobs without a source config). */
 int hf_config_write(const char *path, const struct model_config *cfg);
 

@@ -121,6 +121,7 @@ void job_config_defaults(struct job_config *job)
 struct parse_ctx {
     struct job_config *job;
     const char *where;    /* file path, or "override" */
+    bool command_line;    /* applying the overrides: their relative paths start at the current directory */
     int line;             /* current line (file pass) */
     struct ini_lines lines;
     int key_line[NUM_KEYS]; /* line each key was set at in the file (0 = not set) */
@@ -223,11 +224,17 @@ static int set_value(struct parse_ctx *c, const struct key_spec *k, const char *
     char *base = (char *)c->job;
     char *end;
     switch (k->type) {
-    case K_PATH:
-        if (strlen(value) >= JOB_PATH_MAX)
+    case K_PATH: {
+        /* a path typed on the command line is the shell's, from the current directory; one in the
+         * file is relative to the file's folder (job_resolve_path, in validate) */
+        char cwd[PATH_MAX] = "";
+        if (c->command_line && value[0] && value[0] != '/' && !getcwd(cwd, sizeof cwd))
+            return ctx_err(c, k->section, k->key, "cannot resolve '%s': the current directory: %s", value,
+                           strerror(errno));
+        if ((size_t)snprintf(base + k->offset, JOB_PATH_MAX, "%s%s%s", cwd, cwd[0] ? "/" : "", value) >= JOB_PATH_MAX)
             return ctx_err(c, k->section, k->key, "path longer than %d bytes", JOB_PATH_MAX - 1);
-        snprintf(base + k->offset, JOB_PATH_MAX, "%s", value);
         return 1;
+    }
     case K_INT: {
         errno = 0;
         long long x = strtoll(value, &end, 10);
@@ -506,6 +513,7 @@ int job_config_load(const char *ini_path, int num_overrides, char **overrides, s
         return sd_err("%s: cannot read job file", job->ini_path);
 
     c.line = 0;
+    c.command_line = true;
     for (int i = 0; i < num_overrides; i++) {
         char buf[JOB_PATH_MAX + 128];
         snprintf(buf, sizeof buf, "%s", overrides[i]);

@@ -34,7 +34,8 @@ static inline const char *optimizer_state_name(enum optimizer_state s)
 }
 
 struct job_config {
-    char ini_path[JOB_PATH_MAX]; /* absolute path of job.ini; relative paths below are resolved against its folder */
+    char ini_path[JOB_PATH_MAX]; /* absolute path of job.ini; relative paths in it are resolved against its
+                                    folder, those of command-line overrides against the current directory */
 
     /* [model] */
     char model_path[JOB_PATH_MAX]; /* HF directory */
@@ -103,8 +104,10 @@ struct job_config {
 /* Sets every key to its default. */
 void job_config_defaults(struct job_config *job);
 
-/* Parses ini_path, then applies overrides ("section.key=value"), then validates.
- * Errors name the file, line, key and the accepted values. Nothing is created. */
+/* Parses ini_path, then applies overrides ("section.key=value"), then validates. Relative paths in
+ * the file are resolved against the file's folder; relative paths in overrides against the current
+ * directory (as the shell that typed them would). Errors name the file, line, key and the accepted
+ * values. Nothing is created. */
 int job_config_load(const char *ini_path, int num_overrides, char **overrides, struct job_config *job);
 
 /* The name "section.key" of the i-th key of job.ini into out, or NULL past the last: lists every key. */

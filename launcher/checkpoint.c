@@ -204,7 +204,8 @@ int checkpoint_write(const struct job_state *st, uint32_t step)
     if (fs_mkdir_p(st->job.ckpt_dir, 0755) != 0 || fs_rm_rf(tmp) != 0)
         return -1;
     enum hf_export_dtype dt = st->job.export_dtype == EXPORT_FP32 ? HF_EXPORT_FP32 : HF_EXPORT_BF16;
-    if (hf_export(tmp, st->config_json, &st->cfg, &st->lay, st->shm.master, dt, (size_t)5 << 30) != 0)
+    if (hf_export(tmp, st->config_json, &st->cfg, &st->lay, st->shm.master, dt, (size_t)5 << 30) != 0 ||
+        hf_copy_tokenizer_files(st->job.model_path, tmp) != 0)
         goto fail;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
     if (write_optimizer_state(st, path) != 0)

@@ -164,9 +164,9 @@ void hosts_finalize(const struct hosts *h)
         uint64_t waited_s = (now_ns() - t0) / 1000000000ull;
         if (!done && waited_s >= noted + FINALIZE_NOTE_S) {
             noted = waited_s;
-            printf("slidedp: host %d: done; waiting for the other hosts to finish (host 0 writes final/ and the "
-                   "last checkpoint), %llu s so far\n", h->index, (unsigned long long)waited_s);
-            fflush(stdout);
+            /* stderr: the stdout of hosts other than 0 is quiet */
+            fprintf(stderr, "slidedp-launch: host %d: done; waiting for the other hosts to finish (host 0 writes "
+                            "final/ and the last checkpoint), %llu s so far\n", h->index, (unsigned long long)waited_s);
         }
     }
     MPI_Finalize();

@@ -622,8 +622,7 @@ static void finish(struct sup *s)
         printf("done (checkpoint.save_final = false: nothing exported)\n");
         s->exit_code = 0;
     } else if (s->state == SUP_FINISHING && !writes_state(s)) {
-        printf("done (host %d; host 0 exports)\n", s->st.hosts.index);
-        s->exit_code = 0;
+        s->exit_code = 0; /* host 0 exports (and speaks: this host's stdout is quiet) */
     } else if (s->state == SUP_FINISHING && !wait_host_state(s, ctl_committed_step(s->h))) {
         s->exit_code = 1;
     } else if (s->state == SUP_FINISHING) {
@@ -638,7 +637,8 @@ static void finish(struct sup *s)
             s->st.created = false;
             s->exit_code = 1;
         } else {
-            printf("exported %s\n", dir);
+            char shown[JOB_PATH_MAX + 16];
+            printf("exported %s\n", fs_display_path(dir, shown, sizeof shown));
             s->exit_code = 0;
             checkpoint_on_stop(s);
         }
@@ -916,9 +916,16 @@ static void print_header(const struct sup *s)
 {
     const struct job_state *st = &s->st;
     const struct job_config *job = &st->job;
-    printf("slidedp: job %s, %s %s model (%.2fM params, %d layers), %s init\n", st->job_name, st->cfg.model_type,
-           st->cfg.architecture, (double)st->lay.num_params / 1e6, st->cfg.num_layers,
-           job->init_random ? "random" : "pretrained");
+    /* where the weights come from: a resumed or adopted job's are not its init's */
+    char weights[64];
+    if (st->adopted)
+        snprintf(weights, sizeof weights, "weights adopted at step %u", ctl_committed_step(st->shm.ctl));
+    else if (st->resumed_step > 0)
+        snprintf(weights, sizeof weights, "weights from checkpoint step-%u", st->resumed_step);
+    else
+        snprintf(weights, sizeof weights, "%s init", job->init_random ? "random" : "pretrained");
+    printf("slidedp: job %s, %s %s model (%.2fM params, %d layers), %s\n", st->job_name, st->cfg.model_type,
+           st->cfg.architecture, (double)st->lay.num_params / 1e6, st->cfg.num_layers, weights);
     printf("slidedp: %d %s worker(s), %d optimizer process(es); %d step(s) of %d x %d x %d sequences of %d tokens\n",
            job->gpus, job->device == DEVICE_CPU ? "cpu" : "cuda", st->plan.optim_procs, job->steps, job->gpus,
            job->grad_accum, job->micro_batch, job->seq_len);
@@ -932,10 +939,11 @@ static void print_header(const struct sup *s)
     plan_print(stdout, &st->plan, &st->cfg, job);
     uint64_t state_bytes = st->shm.ctl->size + st->shm.ctl->params16_bytes + st->shm.ctl->master_bytes +
                            st->shm.ctl->grads_bytes;
+    char logs[JOB_PATH_MAX];
     printf("slidedp: shared state %.1f MiB (%.2f bytes per parameter, %s optimizer state) in /dev/shm/slidedp.%s.*; "
            "logs in %s\n",
            (double)state_bytes / (1 << 20), (double)state_bytes / (double)st->lay.num_params,
-           optimizer_state_name(job->optimizer_state), st->job_name, job->log_dir);
+           optimizer_state_name(job->optimizer_state), st->job_name, fs_display_path(job->log_dir, logs, sizeof logs));
     fflush(stdout);
 }
 
@@ -958,6 +966,10 @@ int launch_run(const struct launch_opts *opts)
         return 2;
     }
     fault_init("launcher", 0, s->st.hosts.index); /* SLIDEDP_CRASH_AT's rN: the launcher of host N */
+    /* under mpirun host 0 speaks for the job: the other hosts' header and step lines would repeat
+     * its own, interleaved; their problems still go to stderr */
+    if (s->st.hosts.index > 0 && !freopen("/dev/null", "w", stdout))
+        fprintf(stderr, "slidedp-launch: host %d: cannot quiet stdout: %s\n", s->st.hosts.index, strerror(errno));
     if (job_config_load(opts->ini_path, opts->num_overrides, opts->overrides, &s->st.job) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         return 2;

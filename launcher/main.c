@@ -7,16 +7,36 @@
 
 #include "common/err.h"
 #include "common/job.h"
+#include "common/version.h"
 #include "launcher/hosts.h"
 #include "launcher/launch.h"
 #include "planner/calib.h"
 #include "shm/ctl.h"
 #include "shm/region.h"
 
-static int usage(void)
+static int help(void)
 {
-    fprintf(stderr, "usage: slidedp-launch [--gpus N] [--device cuda|cpu] [--clean] [--recalibrate] job.ini "
-                    "[section.key=value ...]\n");
+    printf("usage: slidedp-launch [--gpus N] [--device cuda|cpu] [--recalibrate] job.ini [section.key=value ...]\n"
+           "       slidedp-launch --clean job.ini [section.key=value ...]\n"
+           "       slidedp-launch --version | --help\n"
+           "Trains the job job.ini describes (README \"Job file\"): the state in shared memory, one worker per GPU\n"
+           "(or CPU worker), the optimizer processes; exports <checkpoint.dir>/final/ at the end.\n"
+           "  --gpus N           runtime.gpus=N\n"
+           "  --device cuda|cpu  runtime.device (cpu: each rank is a CPU worker process)\n"
+           "  --recalibrate      measure this host's rates again before planning\n"
+           "  --clean            remove the shared memory a dead job left behind, and exit\n"
+           "  --version          print the version and the backends of this build\n"
+           "  --help, -h         this text\n" SD_OVERRIDE_PATHS_HELP
+           "Exit codes: 0 done, 1 failed, 2 bad input (nothing created or modified), 3 stopped on a non-finite\n"
+           "loss or gradient norm, 130 stopped by SIGINT/SIGTERM (checkpoint written; the same command resumes).\n"
+           "Under mpirun -np H every host runs one launcher; host 0 prints the steps, the others their own problems.\n");
+    return 0;
+}
+
+/* Bad command line: one line naming the problem, exit 2. */
+static int usage_error(const char *problem, const char *arg)
+{
+    fprintf(stderr, "slidedp-launch: %s%s (slidedp-launch --help lists the options)\n", problem, arg);
     return 2;
 }
 
@@ -112,17 +132,13 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--recalibrate")) {
             calib_force_measure(); /* the planner measures this host again (slidedp-plan --recalibrate) */
         } else if (!strcmp(argv[i], "--version")) {
-#ifdef SD_HAVE_CUDA
-            printf("slidedp %s (backends: cpu cuda)\n", SD_VERSION);
-#else
-            printf("slidedp %s (backends: cpu)\n", SD_VERSION);
-#endif
-            return 0;
+            return sd_version_print();
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            return usage();
+            return help();
+        } else if (!strcmp(argv[i], "--gpus") || !strcmp(argv[i], "--device")) {
+            return usage_error("a value must follow ", argv[i]);
         } else if (argv[i][0] == '-') {
-            fprintf(stderr, "slidedp-launch: unknown option %s\n", argv[i]);
-            return usage();
+            return usage_error("unknown option ", argv[i]);
         } else if (!ini) {
             ini = argv[i];
         } else if (strchr(argv[i], '=')) {
@@ -133,7 +149,7 @@ int main(int argc, char **argv)
         }
     }
     if (!ini)
-        return usage();
+        return usage_error("no job file given: slidedp-launch [options] job.ini [section.key=value ...]", "");
     if (clean)
         return clean_job(ini, num_overrides, overrides);
     struct launch_opts opts = {.ini_path = ini, .num_overrides = num_overrides, .overrides = overrides};

@@ -705,7 +705,8 @@ int state_export(const struct job_state *st, const char *dir)
             return -1;
     }
     enum hf_export_dtype dt = st->job.export_dtype == EXPORT_FP32 ? HF_EXPORT_FP32 : HF_EXPORT_BF16;
-    if (hf_export(tmp, st->config_json, &st->cfg, &st->lay, st->shm.master, dt, (size_t)5 << 30) != 0) {
+    if (hf_export(tmp, st->config_json, &st->cfg, &st->lay, st->shm.master, dt, (size_t)5 << 30) != 0 ||
+        hf_copy_tokenizer_files(st->job.model_path, tmp) != 0) {
         fs_rm_rf(tmp);
         return -1;
     }

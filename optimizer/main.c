@@ -8,10 +8,26 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/version.h"
 #include "optimizer/optim.h"
+
+static int help(void)
+{
+    printf("usage: slidedp-optim --job NAME --index K\n"
+           "       slidedp-optim --version | --help\n"
+           "An optimizer process of a job, started by slidedp-launch, which passes these options; not run by\n"
+           "hand. It owns a set of chunks' master weights and Adam moments.\n"
+           "  --version   print the version and the backends of this build\n"
+           "  --help, -h  this text\n");
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
+        return help();
+    if (argc >= 2 && !strcmp(argv[1], "--version"))
+        return sd_version_print();
     struct optim_args args = {.index = -1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--job") && i + 1 < argc)

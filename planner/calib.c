@@ -64,8 +64,10 @@ void calib_gpu_defaults(struct calib_gpu *g)
 double calib_curve_at(const struct calib_curve *cv, double t)
 {
     SD_ASSERT(cv->n > 0);
+    /* below the fewest threads measured, the per-thread rate seen there: one thread is never as
+     * fast as the 16 of a described host that gives only its core count */
     if (t <= cv->threads[0])
-        return cv->value[0];
+        return cv->value[0] * t / cv->threads[0];
     for (int i = 1; i < cv->n; i++)
         if (t <= cv->threads[i]) {
             double f = (t - cv->threads[i - 1]) / (double)(cv->threads[i] - cv->threads[i - 1]);

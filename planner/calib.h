@@ -128,7 +128,8 @@ int calib_measure_host(struct calib_host *h);
 /* GPU fields all assumed (docs/design.md §10.7). */
 void calib_gpu_defaults(struct calib_gpu *g);
 
-/* A curve read at t threads (clamped to the measured range). */
+/* A curve read at t threads: scaled by t / threads[0] below the fewest threads measured (at that
+ * per-thread rate; a described host may give only its core count), clamped above the most. */
 double calib_curve_at(const struct calib_curve *cv, double t);
 
 static inline double calib_gpu_get(const struct calib_gpu *g, int field)

@@ -16,6 +16,7 @@
 #include "common/fsutil.h"
 #include "common/job.h"
 #include "common/model_config.h"
+#include "common/version.h"
 #include "planner/search.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -192,8 +193,8 @@ static void print_text_host_memory(const struct report *r)
     if (in->host_available > 0)
         printf("  this host has %s available: %s\n", sz(in->host_available),
                in->host_fits ? "fits"
-                             : cpu ? "DOES NOT FIT; the job cannot run on this host (planned for the workers alone)"
-                                   : "DOES NOT FIT; the job cannot run on this host (planned for the GPUs alone)");
+                             : cpu ? "the job does not fit; it cannot run on this host (planned for the workers alone)"
+                                   : "the job does not fit; it cannot run on this host (planned for the GPUs alone)");
     printf("  %.2f bytes per parameter with [train] optimizer_state = %s", h->total / r->num_params,
            optimizer_state_name(r->job->optimizer_state));
     int other = !r->job->optimizer_state;
@@ -204,6 +205,11 @@ static void print_text_host_memory(const struct report *r)
         for (int st = OPTIM_STATE_FP32; st <= OPTIM_STATE_BF16; st++) {
             const struct plan_state_mode *m = &in->state_modes[st];
             bool large_b = m->largest_params >= 1e9;
+            if (m->largest_layers == 0 && !m->largest_capped) {
+                printf("    %s state: no layer count fits (not even 1 layer with the job's embedding and head)\n",
+                       optimizer_state_name(st));
+                continue;
+            }
             printf("    %s state: %s%d layer%s, %.2f%s params, %s (%.2f bytes per parameter)\n", optimizer_state_name(st),
                    m->largest_capped ? "at least " : "", m->largest_layers, m->largest_layers == 1 ? "" : "s",
                    (double)m->largest_params / (large_b ? 1e9 : 1e6), large_b ? "B" : "M",
@@ -616,11 +622,21 @@ static void print_failure(const struct job_config *job, const struct plan_info *
                in->whatifs[i].what, sz(in->whatifs[i].gpu_bytes), in->whatifs[i].kept, in->whatifs[i].step_s);
 }
 
-static int usage(void)
+static int help(void)
 {
-    fprintf(stderr, "usage: slidedp-plan job.ini [section.key=value ...] [--hosts H] [--host-calib FILE] [--json] "
-                    "[--recalibrate]\n");
-    return 2;
+    printf("usage: slidedp-plan job.ini [section.key=value ...] [--hosts H] [--host-calib FILE] [--json] [--recalibrate]\n"
+           "       slidedp-plan --version | --help\n"
+           "Prints the plan slidedp-launch would use for the job: chunks, buffers, activations, routes, optimizer\n"
+           "processes and threads, each term of the predicted step time, the bottleneck, GPU and host memory.\n"
+           "  --hosts H          the job on H hosts of this kind (mpirun -np H), each with runtime.gpus ranks\n"
+           "  --host-calib FILE  plan for the host FILE describes (its rates, cores and memory), not this one\n"
+           "  --json             the same for machines\n"
+           "  --recalibrate      measure this host's rates again\n"
+           "  --version          print the version and the backends of this build\n"
+           "  --help, -h         this text\n" SD_OVERRIDE_PATHS_HELP
+           "Exit codes: 0 the job fits; 2 bad input, or the job does not fit (no plan fits the GPU memory, or\n"
+           "the state does not fit the host's memory: the plan for the GPUs alone is printed all the same).\n");
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -654,10 +670,12 @@ int main(int argc, char **argv)
             host_calib = argv[++i];
         }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-            return usage();
+            return help();
+        else if (!strcmp(argv[i], "--version"))
+            return sd_version_print();
         else if (argv[i][0] == '-') {
             fprintf(stderr, "slidedp-plan: unknown option %s (accepted: --hosts H, --host-calib FILE, --json, "
-                            "--recalibrate)\n", argv[i]);
+                            "--recalibrate, --version, --help)\n", argv[i]);
             return 2;
         } else if (!ini)
             ini = argv[i];
@@ -669,8 +687,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!ini)
-        return usage();
+    if (!ini) {
+        fprintf(stderr, "slidedp-plan: no job file given: slidedp-plan job.ini [section.key=value ...] (slidedp-plan "
+                        "--help lists the options)\n");
+        return 2;
+    }
     struct job_config job;
     if (job_config_load(ini, num_overrides, overrides, &job) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
@@ -707,7 +728,7 @@ int main(int argc, char **argv)
     struct plan plan;
     struct plan_info info = {0};
     if (plan_choose(&job, &cfg, &cal, &topo, host_cpus, hosts, &plan, &info) != 0) {
-        fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
+        fprintf(stderr, "slidedp-plan: %s%s\n", info.failed ? "the job does not fit the GPU memory: " : "", sd_errmsg());
         if (info.failed)
             print_failure(&job, &info, sd_errmsg(), json);
         return 2;
@@ -729,5 +750,11 @@ int main(int argc, char **argv)
     else
         print_text(&r);
     free(overrides);
+    if (info.host_available > 0 && !info.host_fits) {
+        /* the launcher refuses this job (exit 2): so does its plan */
+        fprintf(stderr, "slidedp-plan: the job does not fit this host: it needs %s of host memory, %s available\n",
+                sz((double)info.host.total), sz((double)info.host_available));
+        return 2;
+    }
     return 0;
 }

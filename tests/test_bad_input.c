@@ -245,7 +245,9 @@ static void run_case(const struct bad_case *c, int i, const char *mount)
     char *before = snapshot(cdir);
     int shm_before = count_shm(cdir);
     char *out = NULL, launch[4096], wrapped[4600];
-    snprintf(launch, sizeof launch, "%s %s %s 2>&1", tu_bin("slidedp-launch"), ini, c->override ? c->override : "");
+    /* from the case's folder: an override's relative path starts at the current directory */
+    snprintf(launch, sizeof launch, "cd %s && %s %s %s 2>&1", cdir, tu_bin("slidedp-launch"), ini,
+             c->override ? c->override : "");
     if (mount)
         in_mount_ns(wrapped, sizeof wrapped, cdir, mount, launch);
     int rc = tu_sh(&out, "%s", mount ? wrapped : launch);
@@ -321,19 +323,26 @@ static void test_existing_state(void **state)
     assert_false(tu_exists(obj));
 }
 
-/* slidedp-plan on the CPU backend for a model whose state does not fit the host: no negative
- * budget, and no GPU calibration block (the CPU backend uses none). */
+/* slidedp-plan on the CPU backend for a model whose state does not fit the host: exit 2 as the
+ * launcher would, saying "does not fit" (issue 29: it exited 0), and that no layer count fits; no
+ * negative budget, and no GPU calibration block (the CPU backend uses none). */
 static void test_plan_little_host_memory(void **state)
 {
     char *out = NULL;
     int rc = tu_sh(&out,
                    "cd %s && rm -rf big && mkdir big && sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 400/; "
                    "s/\"hidden_size\": 64/\"hidden_size\": 16384/; s/\"intermediate_size\": 192/\"intermediate_size\": "
-                   "65536/' model/config.json > big/config.json && printf '%s' > plan.ini && %s plan.ini model.path=big 2>&1",
+                   "65536/; s/\"vocab_size\": 32/\"vocab_size\": 4000000/' model/config.json > big/config.json && "
+                   "printf '%s' > plan.ini && %s plan.ini model.path=big 2>&1",
                    dir, base_ini, tu_bin("slidedp-plan"));
     printf("%s# exit %d\n", out, rc);
-    assert_int_equal(rc, 0);
-    assert_non_null(strstr(out, "DOES NOT FIT"));
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "slidedp-plan: the job does not fit this host: it needs "));
+    /* the embedding alone (4M x 16384) outgrows any host: no layer count fits, said so (it printed
+     * "0 layers, 0.00M params, 0.0 KiB") */
+    assert_non_null(strstr(out, "fp32 state: no layer count fits"));
+    assert_non_null(strstr(out, "bf16 state: no layer count fits"));
+    assert_null(strstr(out, "state: 0 layers"));
     assert_non_null(strstr(out, "worker memory per rank"));
     assert_null(strstr(out, "of -"));
     assert_null(strstr(out, "calibration, GPU"));
@@ -357,11 +366,12 @@ static void test_disk_full(void **state)
     snprintf(ini, sizeof ini, "%s/job.ini", cdir);
     tu_write_file(ini, base_ini);
     /* the reference: the same job with the checkpoints on the ordinary disk */
-    int rc = tu_sh(&out, "%s %s checkpoint.dir=ref-ckpt log.dir=ref-log 2>&1", tu_bin("slidedp-launch"), ini);
+    int rc = tu_sh(&out, "cd %s && %s %s checkpoint.dir=ref-ckpt log.dir=ref-log 2>&1", cdir, tu_bin("slidedp-launch"),
+                   ini);
     assert_int_equal(rc, 0);
     free(out);
     /* 16 KiB: too small for the tiny model's ~0.2 MiB export */
-    snprintf(launch, sizeof launch, "%s %s checkpoint.dir=small/ckpt 2>&1", tu_bin("slidedp-launch"), ini);
+    snprintf(launch, sizeof launch, "cd %s && %s %s checkpoint.dir=small/ckpt 2>&1", cdir, tu_bin("slidedp-launch"), ini);
     in_mount_ns(cmd, sizeof cmd, cdir, "size=16k small", launch);
     rc = tu_sh(&out, "%s", cmd);
     printf("%s# exit %d\n", out, rc);

@@ -3,7 +3,7 @@
 # weights of H hosts x G ranks x A micro-steps are bit-identical to one host with H*A micro-steps,
 # in both host_state modes, also when a worker of host 1 is killed, and after host 1's launcher is
 # killed (every host stops, a relaunch resumes from the checkpoint), also host 1's optimizers; the
-# shm per host of both modes.
+# shm per host of both modes; host 0 alone prints the steps.
 . "$SD_SOURCE/tests/runs_lib.sh"
 write_job 8 2
 
@@ -35,6 +35,11 @@ run_ref ref3 2 3
 for mode in replicated sharded; do
     run_hosts h2-$mode 2 1 2 $mode || { cat h2-$mode.log; fail "2 hosts, $mode"; }
     same h2-$mode ref2
+    # host 0 alone prints the header and the steps; the others only their own problems
+    [ "$(grep -c '^step ' h2-$mode.log)" = "$(grep -c '^step ' ref2.log)" ] &&
+        [ "$(grep -c '^slidedp: job ' h2-$mode.log)" = 1 ] && [ "$(grep -c '^done (host' h2-$mode.log)" = 0 ] ||
+        { cat h2-$mode.log; fail "h2-$mode: other hosts print step lines"; }
+    echo "ok: h2-$mode prints $(grep -c '^step ' h2-$mode.log) step lines, as one host does"
     run_hosts h3-$mode 3 2 1 $mode || { cat h3-$mode.log; fail "3 hosts, $mode"; }
     same h3-$mode ref3
 done

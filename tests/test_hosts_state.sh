@@ -27,9 +27,9 @@ run_two slowfinal sharded SLIDEDP_DELAY_AT=ckpt_tmp_written:1:65000 "" ||
 cmp ref2/ckpt/final/model.safetensors slowfinal/ckpt/final/model.safetensors || fail "slowfinal: final/ differs"
 echo "ok: a 65 s export on host 0: exit 0, final/ bit-identical"
 
-# 5b. the finished job relaunched: exit 0, "already finished", on every host
+# 5b. the finished job relaunched: exit 0 on every host (mpirun's 0), host 0 says "already finished"
 run_two slowfinal sharded "" "" || { tail -n 5 slowfinal.log; fail "relaunch of a finished job: not exit 0"; }
-[ "$(grep -c 'already finished' slowfinal.log)" = 2 ] || { cat slowfinal.log; fail "not 'already finished' twice"; }
+grep -q 'already finished' slowfinal.log || { cat slowfinal.log; fail "no 'already finished'"; }
 echo "ok: a finished 2-host job relaunched exits 0 on both hosts"
 
 # 5c. hosts that do not share checkpoint.dir: host 1 sees an empty directory of its own there (a

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/job.h"
@@ -149,6 +150,41 @@ static void test_defaults_and_overrides(void **state)
     assert_string_equal(job.log_dir, "/tmp/y");
 }
 
+/* Relative paths: in the file, against the file's folder; in a command-line override, against the
+ * current directory, as the shell that typed them means (issue 29: overrides resolved against the
+ * ini's folder). The job file lives in dir/sub/ and the current directory is dir. */
+static void test_override_paths_from_cwd(void **state)
+{
+    char sub[1200], ini[1300], want[1300], old_cwd[1024];
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    mkdir(sub, 0755);
+    snprintf(ini, sizeof ini, "%s/job.ini", sub);
+    tu_write_file(ini, "[model]\npath = ../model\n[data]\ntrain = ../train.bin\n[log]\ndir = logs\n");
+    assert_non_null(getcwd(old_cwd, sizeof old_cwd));
+    assert_int_equal(chdir(dir), 0);
+    struct job_config job;
+    char *ovr[] = {"checkpoint.dir=ckpt", "data.train=train.bin", "model.path=./model/../model", "data.val="};
+    int rc = job_config_load(ini, 4, ovr, &job);
+    assert_int_equal(chdir(old_cwd), 0);
+    assert_int_equal(rc, 0);
+    snprintf(want, sizeof want, "%s/ckpt", dir);
+    assert_string_equal(job.ckpt_dir, want);       /* override: from the current directory */
+    snprintf(want, sizeof want, "%s/train.bin", dir);
+    assert_string_equal(job.data_train, want);
+    snprintf(want, sizeof want, "%s/model", dir);
+    assert_string_equal(job.model_path, want);
+    assert_string_equal(job.data_val, "");         /* an emptied path stays empty */
+    snprintf(want, sizeof want, "%s/logs", sub);
+    assert_string_equal(job.log_dir, want);        /* the file's own value: from its folder */
+    /* an override naming a path that exists only beside the ini is not found from elsewhere */
+    char *beside[] = {"data.train=../train.bin"};
+    assert_int_equal(chdir(dir), 0);
+    rc = job_config_load(ini, 1, beside, &job);
+    assert_int_equal(chdir(old_cwd), 0);
+    assert_int_equal(rc, -1);
+    assert_non_null(strstr(sd_errmsg(), "no file matches"));
+}
+
 struct bad_case {
     const char *ini;
     const char *override;
@@ -250,6 +286,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_all_keys),
         cmocka_unit_test(test_defaults_and_overrides),
+        cmocka_unit_test(test_override_paths_from_cwd),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_lr_schedule),
         cmocka_unit_test(test_ini_is_directory),

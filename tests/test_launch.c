@@ -493,7 +493,8 @@ static void test_nonfinite_stops(void **state)
     assert_int_equal(rc, 0);
     free(out);
     /* without periodic checkpoints, the stop writes the last good step's */
-    rc = tu_sh(&out, "%s %s checkpoint.every=0 checkpoint.dir=ckpt0 log.dir=log0 2>&1", tu_bin("slidedp-launch"), ini);
+    rc = tu_sh(&out, "cd %s && %s %s checkpoint.every=0 checkpoint.dir=ckpt0 log.dir=log0 2>&1", p,
+               tu_bin("slidedp-launch"), ini);
     printf("%s# exit %d\n", out, rc);
     assert_int_equal(rc, 3);
     assert_non_null(strstr(out, "the last good checkpoint is step-2"));
@@ -502,8 +503,8 @@ static void test_nonfinite_stops(void **state)
     assert_true(tu_exists(model));
     /* updated during the backward, step 3's chunks took the NaN before its norm was known: that
      * state is not checkpointed */
-    rc = tu_sh(&out, "%s %s train.grad_clip=0 runtime.update_mode=during_backward checkpoint.dir=ckpt1 log.dir=log1 2>&1",
-               tu_bin("slidedp-launch"), ini);
+    rc = tu_sh(&out, "cd %s && %s %s train.grad_clip=0 runtime.update_mode=during_backward checkpoint.dir=ckpt1 "
+               "log.dir=log1 2>&1", p, tu_bin("slidedp-launch"), ini);
     printf("%s# exit %d\n", out, rc);
     assert_int_equal(rc, 3);
     assert_non_null(strstr(out, "job stopped at step 3"));

@@ -19,7 +19,8 @@
 
 #include "common/err.h"
 #include "shm/futex.h"
-#include "tools/monitor.h"
+#include "monitor/monitor.h"
+#include "monitor/monitor_view.h"
 
 #define STEPS 100
 #define TOKENS_PER_STEP (2 * 2 * 8 * 64) /* gpus x grad_accum x micro_batch x seq_len */
@@ -447,8 +448,9 @@ static void check_discovery(const char *job, const char *ini)
     assert_string_equal(t.name, job);
     assert_string_equal(t.log_dir, log_dir);
     /* job B's ini with job A's log.dir names job A */
-    char b_ini[1200], *overrides[] = {"log.dir=a-log"};
+    char b_ini[1200], a_log[1300], *overrides[] = {a_log};
     snprintf(b_ini, sizeof b_ini, "%s/b.ini", dir);
+    snprintf(a_log, sizeof a_log, "log.dir=%s/a-log", dir); /* an override's path: from the current directory */
     assert_int_equal(mon_pick(b_ini, 1, overrides, &t, &several, &num_several), 0);
     assert_string_equal(t.name, job);
     assert_int_equal(mon_pick("0000deadbeef", 0, NULL, &t, &several, &num_several), MON_ERR);
@@ -460,7 +462,7 @@ static void check_discovery(const char *job, const char *ini)
 static void check_stat_json(const char *job, const struct ctl_header *h)
 {
     char *out;
-    int rc = tu_sh(&out, "%s %s/b.ini log.dir=a-log --json 2>&1", tu_bin("slidedp-stat"), dir);
+    int rc = tu_sh(&out, "cd %s && %s b.ini log.dir=a-log --json 2>&1", dir, tu_bin("slidedp-stat"));
     assert_int_equal(rc, 0);
     cJSON *o = cJSON_Parse(out);
     if (!o)
@@ -744,10 +746,54 @@ static void test_monitors_do_not_disturb(void **state)
     free(w);
 }
 
+/* slidedp-top's loss line keeps its label whole at every width (issue 29: a fixed 40 columns were
+ * left for it, and a long label, "1.234e-05..11.93 log (steps 1235-1490)", was cut; in UTF-8 the
+ * blocks could also overrun the line's bytes): a synthetic job at step 1490 whose loss falls over
+ * six decades, rendered at 64 to 256 columns, ASCII and UTF-8. */
+static void test_loss_line_whole(void **state)
+{
+    struct ctl_header *h = calloc(1, sizeof *h);
+    struct mon_snapshot *now = calloc(1, sizeof *now);
+    struct mon_frame *f = malloc(sizeof *f);
+    assert_non_null(h && now && f);
+    h->job.steps = 2000;
+    h->first_step = 1;
+    struct mon m = {.h = h, .name = "synthetic"};
+    now->stats.step = 1490;
+    for (uint32_t k = 1; k <= now->stats.step; k++)
+        now->stats.loss_history[k % JOB_STATS_HISTORY] = 11.93 * pow(1.2345e-5 / 11.93, (k - 1) / 1489.0);
+    now->stats.loss = now->stats.loss_history[now->stats.step % JOB_STATS_HISTORY];
+    const int widths[] = {64, 80, 100, 120, 160, 200, 256};
+    for (int u = 0; u < 2; u++)
+        for (size_t i = 0; i < sizeof widths / sizeof *widths; i++) {
+            struct mon_view_opts o = {.width = widths[i], .utf8 = u == 1};
+            mon_render(&m, now, now, &o, f);
+            const char *line = NULL;
+            for (int l = 0; l < f->n; l++)
+                if (!strncmp(f->lines[l].text, "loss ", 5))
+                    line = f->lines[l].text;
+            assert_non_null(line);
+            int cols = 0;
+            for (const char *p = line; *p; p++)
+                cols += ((unsigned char)*p & 0xc0) != 0x80;
+            size_t len = strlen(line);
+            const char *tail = " (steps 1235-1490)";
+            printf("# width %3d %s: %3d columns, ends '%s'\n", widths[i], u ? "utf8 " : "ascii", cols,
+                   line + (len > 40 ? len - 40 : 0));
+            assert_true(cols <= widths[i]);
+            assert_true(len > strlen(tail) && !strcmp(line + len - strlen(tail), tail));
+            assert_non_null(strstr(line, "e-05.."));
+        }
+    free(h);
+    free(now);
+    free(f);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir(0, "monitor"));
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_loss_line_whole),
         cmocka_unit_test(test_monitors_do_not_disturb),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

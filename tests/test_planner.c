@@ -404,19 +404,24 @@ static void test_hosts_auto_state(void **state)
     assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 0, &p, &info), -1);
 }
 
+/* examples/qwen2.5-72b-h200.ini and its model's config.json. */
+static void load_qwen72b(struct job_config *job, struct model_config *cfg)
+{
+    char ini[1200];
+    snprintf(ini, sizeof ini, "%s", tu_src("examples/qwen2.5-72b-h200.ini"));
+    assert_int_equal(job_config_load(ini, 0, NULL, job), 0);
+    assert_int_equal(model_config_load(tu_src("examples/qwen2.5-72b/config.json"), cfg), 0);
+}
+
 /* docs/performance.md §7 as the tests see it: Qwen2.5-72B (examples/qwen2.5-72b-h200.ini) on the
  * described hosts of examples/. One H200 per host of the lent kind: sharded on 2 hosts, and no host
  * count fits, as each host keeps the whole bf16 copy (135 GiB) beyond its 120 GiB. Eight per host
  * (the assumed 8-GPU host): one 25 GB/s port binds from 2 hosts, four do not. */
 static void test_hosts_qwen72b_described(void **state)
 {
-    char ini[1200], cfg_path[1200];
-    snprintf(ini, sizeof ini, "%s", tu_src("examples/qwen2.5-72b-h200.ini"));
-    snprintf(cfg_path, sizeof cfg_path, "%s", tu_src("examples/qwen2.5-72b/config.json"));
     struct job_config job;
     struct model_config cfg;
-    assert_int_equal(job_config_load(ini, 0, NULL, &job), 0);
-    assert_int_equal(model_config_load(cfg_path, &cfg), 0);
+    load_qwen72b(&job, &cfg);
     struct calib cal;
     assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), &cal), 0);
     assert_int_equal(cal.host.ncpu, 16);
@@ -446,7 +451,36 @@ static void test_hosts_qwen72b_described(void **state)
     assert_int_equal(plan_choose(&job, &cfg, &node, &topo, node.host.ncpu, 2, &p, &info), 0);
     assert_int_equal(info.pred.bottleneck, BOTTLENECK_HOST_MEM);
     /* not a host calibration file */
-    assert_int_equal(calib_load_described(cfg_path, &node), -1);
+    assert_int_equal(calib_load_described(tu_src("examples/qwen2.5-72b/config.json"), &node), -1);
+}
+
+/* A described host plans its optimizer for its own cores (issue 29: a 16- or 64-core host file gave
+ * "1 optimizer process(es) x 1 thread(s)": a curve measured only at the host's core count read as
+ * that rate for one thread too). Qwen2.5-72B (examples/qwen2.5-72b-h200.ini) on one H200: the
+ * optimizer threads take at least half the cores the worker leaves. */
+static void test_described_host_optimizer_threads(void **state)
+{
+    struct calib_curve one_point = {.n = 1, .threads = {16}, .value = {3.2e9}};
+    assert_float_equal(calib_curve_at(&one_point, 16), 3.2e9, 1);
+    assert_float_equal(calib_curve_at(&one_point, 1), 0.2e9, 1);
+    assert_float_equal(calib_curve_at(&one_point, 64), 3.2e9, 1);
+    struct job_config job;
+    struct model_config cfg;
+    load_qwen72b(&job, &cfg);
+    const char *hosts[] = {"examples/h200-host.json", "examples/hgx-h200-node.json"};
+    for (int i = 0; i < 2; i++) {
+        struct calib cal;
+        assert_int_equal(calib_load_described(tu_src(hosts[i]), &cal), 0);
+        struct topology topo;
+        topology_assumed(job.gpus, &topo);
+        struct plan p;
+        struct plan_info info;
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, 1, &p, &info), 0);
+        printf("# 72B on %s (%d cpus): %d optimizer process(es) x %d thread(s), optimizer %.1f s\n", hosts[i],
+               cal.host.ncpu, p.optim_procs, p.optim_threads, info.pred.optim_s);
+        assert_true(p.optim_procs * p.optim_threads >= (cal.host.ncpu - job.gpus) / 2);
+        assert_true(p.optim_procs * p.optim_threads <= cal.host.ncpu - job.gpus);
+    }
 }
 
 static void test_memory_footprint(void **state)
@@ -1180,6 +1214,7 @@ int main(void)
         cmocka_unit_test(test_hosts_auto_state),
         cmocka_unit_test(test_hosts_one_as_before),
         cmocka_unit_test(test_hosts_qwen72b_described),
+        cmocka_unit_test(test_described_host_optimizer_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 
 #include "common/err.h"
 #include "common/topology.h"
+#include "common/version.h"
 #include "worker/pipeline.h"
 #include "worker/probe.h"
 
@@ -39,8 +40,24 @@ static int probe_topology(int argc, char **argv)
 #endif
 }
 
+static int help(void)
+{
+    printf("usage: slidedp-worker --job NAME --rank R [--device-index D]\n"
+           "       slidedp-worker --probe-topology [--gpus G]\n"
+           "       slidedp-worker --version | --help\n"
+           "One GPU rank of a job (or a CPU worker), started by slidedp-launch, which passes these options;\n"
+           "not run by hand. --probe-topology prints the GPUs G ranks would run on (the launcher asks).\n"
+           "  --version   print the version and the backends of this build\n"
+           "  --help, -h  this text\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
+        return help();
+    if (argc >= 2 && !strcmp(argv[1], "--version"))
+        return sd_version_print();
     if (argc >= 2 && !strcmp(argv[1], "--probe-topology"))
         return probe_topology(argc, argv);
     struct worker_args args = {.rank = -1, .device_index = 0};

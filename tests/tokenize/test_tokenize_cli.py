@@ -148,13 +148,7 @@ def bad_model(c, src, name, edit, config_edit=None):
 
 def check_bad_input(c, llama, qwen):
     def refused(model, rows, needle, *extra):
-        with open(c.path("old.bin"), "w") as f:
-            f.write("previous")
-        p = c.tokenize(model, rows, *extra, expect_rc=2, out="old.bin")
-        line = p.stderr.strip()
-        untouched = open(c.path("old.bin")).read() == "previous" and not os.path.exists(c.path("old.bin.tmp"))
-        c.check(needle in line and "\n" not in line and untouched and not p.stdout,
-                f"refused ({needle!r}), output untouched: {line}")
+        check_refused(c, model, rows, needle, *extra)
 
     good = {"messages": CONVERSATIONS[0]}
     refused(llama, [good, good, "{not json"], "in.jsonl:3: ")
@@ -182,6 +176,62 @@ def check_bad_input(c, llama, qwen):
     refused(llama, [good], "--max-len 100 exceeds --pack 50", "--pack", "50", "--max-len", "100")
 
 
+def check_refused(c, model, rows, needle, *extra):
+    """Exit 2 with one line naming the problem (holding needle, or each of a tuple of them); an existing
+    output file untouched, nothing on stdout."""
+    needles = needle if isinstance(needle, tuple) else (needle,)
+    with open(c.path("old.bin"), "w") as f:
+        f.write("previous")
+    p = c.tokenize(model, rows, *extra, expect_rc=2, out="old.bin")
+    line = p.stderr.strip()
+    untouched = open(c.path("old.bin")).read() == "previous" and not os.path.exists(c.path("old.bin.tmp"))
+    c.check(all(n in line for n in needles) and "\n" not in line and untouched and not p.stdout,
+            f"refused ({needle!r}), output untouched: {line}")
+
+
+def check_no_assistant(c, qwen):
+    """--train-on assistant: a conversation without an assistant turn has no target wherever it is
+    in the file (issue 29: the first ones used to be all targets, later ones none)."""
+    user_only = {"messages": [{"role": "user", "content": "Just saying hi, no answer needed."}]}
+    system_user = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]}
+    good = {"messages": CONVERSATIONS[0]}
+    c.tokenize(qwen, [good])
+    want = c.shard()
+    p = c.tokenize(qwen, [user_only, good, system_user])
+    c.check(c.shard() == want, "conversations without an assistant turn, before and after one with, add no token")
+    c.check("1 examples (messages, template qwen3 (Qwen3), 2 dropped [2 without an assistant turn], 0 truncated)"
+            in p.stdout, f"the summary counts them as dropped and names the template: {p.stdout.strip()}")
+    check_refused(c, qwen, [user_only, system_user, user_only], "without an assistant turn")
+    p = c.tokenize(qwen, [user_only, good], "--train-on", "all")
+    docs = tokutil.documents(*c.shard())
+    c.check(len(docs) == 2 and all(f & 1 for f in docs[0][1][1:]) and "0 dropped" in p.stdout,
+            "--train-on all keeps them, every token a target")
+    check_refused(c, qwen, [user_only] * 3, "3 conversation(s) without an assistant turn dropped")
+
+
+def check_targets_left(c, llama, qwen):
+    """slidedp-data tokenize never writes a shard without a target, and names the examples that
+    lost all their targets to truncation."""
+    check_refused(c, qwen, [{"messages": conv} for conv in CONVERSATIONS],
+            ("3 example(s) lost all their targets to truncation by --pack 8 --overflow truncate (",
+             "/in.jsonl:1, ", "/in.jsonl:2, ", "/in.jsonl:3): raise --pack"), "--pack", "8", "--overflow", "truncate")
+    long_prompt = {"prompt": "Please read all of this first. " * 8, "completion": " Done."}
+    short = {"prompt": "Q?", "completion": " A."}
+    p = c.tokenize(qwen, [short, long_prompt, short], "--max-len", "16", "--overflow", "truncate")
+    docs = tokutil.documents(*c.shard())
+    c.check(len(docs) == 2 and "2 examples" in p.stdout
+            and "1 dropped [1 with no target left after truncation]" in p.stdout
+            and "lost all their targets to truncation by --max-len 16 and were dropped: " in p.stderr
+            and p.stderr.strip().endswith("in.jsonl:2"),
+            f"an example truncated to no target is dropped and named: {p.stdout.strip()} / {p.stderr.strip()}")
+    check_refused(c, qwen, [{"text": "a b c d e f g h i j k l"}], "every example was dropped by --pack 4", "--pack", "4")
+    check_refused(c, qwen, [{"messages": CONVERSATIONS[0]}], "writes <|begin_of_text|>, which", "--template", "llama3")
+    check_refused(c, llama, [{"messages": CONVERSATIONS[0]}], "writes <|im_start|>, which", "--template", "qwen2.5")
+    p = c.tokenize(llama, [{"messages": CONVERSATIONS[0]}], "--template", "llama3")
+    c.check("(messages, template llama3 (--template), 0 dropped" in p.stdout,
+            f"the summary names a --template: {p.stdout.strip()}")
+
+
 def main():
     scratch = tempfile.mkdtemp(prefix="sd_tokenize_cli_")
     try:
@@ -191,6 +241,8 @@ def main():
         check_formats(c, llama)
         check_pack_val_maxlen(c, qwen)
         check_bad_input(c, llama, qwen)
+        check_no_assistant(c, qwen)
+        check_targets_left(c, llama, qwen)
     finally:
         shutil.rmtree(scratch)
     sys.exit(1 if c.failures else 0)

@@ -11,10 +11,11 @@
 #include <uv.h>
 
 #include "common/err.h"
-#include "tools/metrics_plot.h"
-#include "tools/monitor.h"
-#include "tools/monitor_export.h"
-#include "tools/monitor_view.h"
+#include "common/version.h"
+#include "monitor/metrics_plot.h"
+#include "monitor/monitor.h"
+#include "monitor/monitor_export.h"
+#include "monitor/monitor_view.h"
 
 #define PROG "slidedp-stat"
 #define REQ_MAX 8192
@@ -26,9 +27,17 @@ enum mode { MODE_TEXT, MODE_JSON, MODE_PROMETHEUS, MODE_PLOT };
 static int usage(FILE *f)
 {
     fprintf(f, "usage: %s [JOB] [--json | --prometheus PORT [--bind ADDR] | --plot OUT.svg]\n"
+               "       %s --version | --help\n"
+               "A running job's statistics, read from its shared memory (read-only), as text or JSON, or served as\n"
+               "a Prometheus endpoint; --plot writes the <log.dir>/metrics.jsonl of a running or finished job\n"
+               "as an SVG plot.\n"
                "  JOB: a job name (listed when several run), or its job.ini followed by the section.key=value\n"
-               "  overrides it was launched with; default: the only running job\n",
-            PROG);
+               "  overrides it was launched with (from the same directory: an override's relative path starts\n"
+               "  at the current directory, a path inside job.ini at job.ini's folder); default: the only\n"
+               "  running job\n"
+               "  --version: print the version and the backends of this build\n"
+               "  --help, -h: this text\n",
+            PROG, PROG);
     return f == stdout ? 0 : 2;
 }
 
@@ -280,6 +289,8 @@ int main(int argc, char **argv)
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
             return usage(stdout);
+        if (!strcmp(a, "--version"))
+            return sd_version_print();
         if (!strcmp(a, "--json")) {
             mode = MODE_JSON;
             modes++;
@@ -308,7 +319,8 @@ int main(int argc, char **argv)
             modes++;
             i++;
         } else if (a[0] == '-') {
-            fprintf(stderr, "%s: unknown option '%s' (accepted: --json, --prometheus PORT, --bind ADDR, --plot OUT.svg)\n",
+            fprintf(stderr, "%s: unknown option '%s' (accepted: --json, --prometheus PORT, --bind ADDR, --plot OUT.svg, "
+                            "--version, --help)\n",
                     PROG, a);
             return 2;
         } else if (mon_job_arg(PROG, argv[i], &job_args) != 0) {

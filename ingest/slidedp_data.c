@@ -1,7 +1,7 @@
 /* slidedp-data: writes the deterministic synthetic SFT dataset (copy | reverse | sort) that the
  * embedded demo job trains a tiny model on. Each document is exactly seq_len tokens:
  * BOS, n symbols, SEP, the answer (n symbols), EOS, PAD...; the loss covers the answer and EOS.
- * `slidedp-data tokenize` (tools/tokenize_cmd.c) tokenizes a user's own JSONL dataset. */
+ * `slidedp-data tokenize` (ingest/tokenize_cmd.c) tokenizes a user's own JSONL dataset. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,7 +13,8 @@
 #include "common/data.h"
 #include "common/err.h"
 #include "common/rng.h"
-#include "tools/tokenize_cmd.h"
+#include "common/version.h"
+#include "ingest/tokenize_cmd.h"
 
 enum { TOK_PAD = 0, TOK_BOS = 1, TOK_SEP = 2, TOK_EOS = 3, TOK_FIRST_SYMBOL = 4 };
 
@@ -27,8 +28,12 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: slidedp-data copy|reverse|sort --out DIR [--seq-len 64] [--train 4096] "
                "[--val 256] [--seed 1234] [--vocab 32]\n"
-               "       slidedp-data tokenize --model DIR --in FILE.jsonl --out FILE.bin [options] "
-               "(slidedp-data tokenize --help)\n");
+               "       slidedp-data tokenize --model DIR --in FILE.jsonl --out FILE.bin [options]\n"
+               "       slidedp-data --version | --help\n"
+               "copy, reverse, sort: the synthetic datasets the demo job (make run) trains on, DIR/train.bin and\n"
+               "DIR/val.bin; each document is BOS, symbols, SEP, the answer, EOS, padding; the loss is on the answer.\n"
+               "tokenize: your own JSONL dataset, with the model's tokenizer and chat template:\n");
+    tokenize_usage(f);
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -127,6 +132,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (argc >= 2 && !strcmp(argv[1], "--version"))
+        return sd_version_print();
     if (argc < 2) {
         usage(stderr);
         return 2;

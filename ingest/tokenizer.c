@@ -548,13 +548,19 @@ void tokenizer_free(struct tokenizer *t)
     free(t);
 }
 
-int64_t tokenizer_token_id(const struct tokenizer *t, const char *text)
+int64_t tokenizer_added_token_id(const struct tokenizer *t, const char *text)
 {
     size_t n = strlen(text);
     for (int i = 0; i < t->nadded; i++)
         if (t->added[i].len == n && memcmp(t->added[i].text, text, n) == 0)
             return t->added[i].id;
-    return vocab_find(t, text, n);
+    return -1;
+}
+
+int64_t tokenizer_token_id(const struct tokenizer *t, const char *text)
+{
+    int64_t id = tokenizer_added_token_id(t, text);
+    return id >= 0 ? id : vocab_find(t, text, strlen(text));
 }
 
 void tokenizer_post_tokens(const struct tokenizer *t, const uint32_t **prefix, int *nprefix,

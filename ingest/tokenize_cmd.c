@@ -18,8 +18,8 @@
 
 #include "common/data.h"
 #include "common/err.h"
-#include "tools/chat_template.h"
-#include "tools/tokenizer.h"
+#include "ingest/chat_template.h"
+#include "ingest/tokenizer.h"
 
 enum format { FMT_AUTO, FMT_MESSAGES, FMT_SHAREGPT, FMT_ALPACA, FMT_PROMPT_COMPLETION, FMT_TEXT, FMT_COUNT };
 static const char *const format_names[FMT_COUNT] = {"auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text"};
@@ -34,6 +34,7 @@ struct options {
     enum format format;
     bool train_all;
     long long max_len, pack, val, threads;
+    const char *max_len_flag;   /* the flag that set max_len: --max-len, or --pack when only it was given */
     enum overflow overflow;
 };
 
@@ -60,6 +61,8 @@ struct batch {
     size_t n, cap;
     int64_t *doc_end;           /* per line: end of its tokens in this batch (blank lines: empty) */
     bool *blank;
+    bool *no_assistant;         /* per line: a conversation without an assistant turn under --train-on
+                                   assistant, left out (empty) since it has nothing to train on */
     int64_t error_line;         /* the first failing line (1-based), 0 when none */
     char error[512];
 };
@@ -142,6 +145,14 @@ static int load_model_dir(struct job *j)
                         "(%s)", dir, CHAT_FAMILY_LIST);
         else
             rc = chat_template_detect(ct->valuestring, &j->tpl);
+        const char *const *specials;
+        int nspecials = rc == 0 ? chat_template_special_tokens(&j->tpl, &specials) : 0;
+        for (int i = 0; i < nspecials && rc == 0; i++)
+            if (tokenizer_added_token_id(j->tok, specials[i]) < 0)
+                rc = sd_err("the %s chat template writes %s, which %s/tokenizer.json does not have as a special "
+                            "token (it would be trained on as plain text): this template is not the tokenizer's; "
+                            "leave --template out or name the tokenizer's family (%s)",
+                            chat_family_names[j->tpl.family], specials[i], dir, CHAT_FAMILY_LIST);
         j->have_tpl = rc == 0;
         if (rc == 0 && j->opt.date)
             snprintf(j->tpl.date, sizeof j->tpl.date, "%s", j->opt.date);
@@ -243,12 +254,12 @@ static int read_conversation(struct worker *w, enum format fmt, const cJSON *obj
     return 0;
 }
 
-/* Encodes text (with the given target spans) into the batch: BOS/EOS as asked, flags set. */
-static int emit(struct worker *w, struct batch *b, const char *text, size_t len, const size_t (*spans)[2],
+/* Encodes text into the batch: BOS/EOS as asked, every token a target when `all`, else the tokens
+ * overlapping the target spans. */
+static int emit(struct worker *w, struct batch *b, const char *text, size_t len, bool all, const size_t (*spans)[2],
                 int nspans, bool post_tokens, bool eos)
 {
     struct job *j = w->job;
-    bool all = j->opt.train_all || spans == NULL;
     if (all)
         nspans = 0;
     if (tok_grow_arrays(&w->cuts_cap, 2 * (size_t)nspans, 2, (void **const[]){(void **)&w->cuts, (void **)&w->cuts_norm},
@@ -305,7 +316,9 @@ static int emit(struct worker *w, struct batch *b, const char *text, size_t len,
     return 0;
 }
 
-static int encode_line(struct worker *w, struct batch *b, const char *line, size_t len)
+/* Encodes one line into the batch; sets *no_assistant (and encodes nothing) for a conversation
+ * that has no assistant turn to train on. */
+static int encode_line(struct worker *w, struct batch *b, const char *line, size_t len, bool *no_assistant)
 {
     struct job *j = w->job;
     const char *end;
@@ -320,7 +333,8 @@ static int encode_line(struct worker *w, struct batch *b, const char *line, size
     enum format fmt = j->opt.format;
     if (rc == 0 && fmt == FMT_TEXT) {
         const char *text = get_string(obj, "text");
-        rc = text ? emit(w, b, text, strlen(text), NULL, 0, true, true) : sd_err("text: needs a string field text");
+        rc = text ? emit(w, b, text, strlen(text), true, NULL, 0, true, true)
+                  : sd_err("text: needs a string field text");
     } else if (rc == 0 && fmt == FMT_PROMPT_COMPLETION) {
         const char *prompt = get_string(obj, "prompt"), *completion = get_string(obj, "completion");
         if (!prompt || !completion)
@@ -330,7 +344,7 @@ static int encode_line(struct worker *w, struct batch *b, const char *line, size
             rc = sd_err("out of memory");
         size_t span[1][2] = {{strlen(prompt ? prompt : ""), strlen(joined ? joined : "")}};
         if (rc == 0)
-            rc = emit(w, b, joined, span[0][1], span, 1, true, true);
+            rc = emit(w, b, joined, span[0][1], j->opt.train_all, span, 1, true, true);
         free(joined);
     } else if (rc == 0) {
         int n;
@@ -338,9 +352,10 @@ static int encode_line(struct worker *w, struct batch *b, const char *line, size
         chat_render_reset(&w->render);
         if (rc == 0)
             rc = chat_render(&j->tpl, w->msgs, n, &w->render);
-        if (rc == 0)
-            rc = emit(w, b, w->render.text, w->render.len, (const size_t(*)[2])w->render.spans, w->render.nspans,
-                      false, false);
+        *no_assistant = rc == 0 && !j->opt.train_all && w->render.nspans == 0;
+        if (rc == 0 && !*no_assistant)
+            rc = emit(w, b, w->render.text, w->render.len, j->opt.train_all, (const size_t(*)[2])w->render.spans,
+                      w->render.nspans, false, false);
     }
     cJSON_Delete(obj);
     return rc;
@@ -368,7 +383,8 @@ static void *worker_main(void *arg)
             last = j->nlines;
         b->doc_end = calloc((size_t)(last - first), sizeof *b->doc_end);
         b->blank = calloc((size_t)(last - first), sizeof *b->blank);
-        if (!b->doc_end || !b->blank) {
+        b->no_assistant = calloc((size_t)(last - first), sizeof *b->no_assistant);
+        if (!b->doc_end || !b->blank || !b->no_assistant) {
             b->error_line = first + 1;
             snprintf(b->error, sizeof b->error, "out of memory");
             continue;
@@ -377,7 +393,7 @@ static void *worker_main(void *arg)
             const char *line = j->text + j->lines[l][0];
             size_t len = j->lines[l][1] - j->lines[l][0];
             b->blank[l - first] = blank_line(line, len);
-            if (!b->blank[l - first] && encode_line(w, b, line, len) != 0) {
+            if (!b->blank[l - first] && encode_line(w, b, line, len, &b->no_assistant[l - first]) != 0) {
                 b->error_line = l + 1;
                 snprintf(b->error, sizeof b->error, "%s", sd_errmsg());
                 break;
@@ -527,12 +543,25 @@ static int shard_finish(struct shard *s, int64_t pack, uint32_t pad)
 
 /* ---- main --------------------------------------------------------------------------------- */
 
-static void usage(FILE *f)
+void tokenize_usage(FILE *f)
 {
     fprintf(f, "usage: slidedp-data tokenize --model DIR --in FILE.jsonl --out FILE.bin [--format %s]\n"
                "         [--template auto|%s] [--date 'DD Mon YYYY'] [--train-on assistant|all]\n"
                "         [--max-len N --overflow drop|truncate] [--pack SEQ_LEN] [--val N --val-out FILE.bin]\n"
-               "         [--threads N]\n",
+               "         [--threads N]\n"
+               "  --model DIR       the HF model directory: tokenizer.json, tokenizer_config.json, config.json\n"
+               "  --format F        the JSONL's format (auto: from the first line)\n"
+               "  --template T      the chat template (auto: recognised in tokenizer_config.json); one whose\n"
+               "                    special tokens the tokenizer lacks is refused\n"
+               "  --train-on W      assistant (default): targets are the assistant turns, and a conversation\n"
+               "                    without one is dropped; all: every token\n"
+               "  --max-len N       documents longer than N tokens follow --overflow: drop (default) or truncate\n"
+               "                    (an example left without a target is dropped and named)\n"
+               "  --pack SEQ_LEN    whole documents packed into windows of SEQ_LEN ([data] seq_len); --max-len\n"
+               "                    defaults to it\n"
+               "  --val N           the last N examples go to --val-out\n"
+               "  --threads N       encoding threads (default: all cores)\n"
+               "A shard without a target is never written (exit 2).\n",
             "auto|messages|sharegpt|alpaca|prompt-completion|text", "qwen2.5|qwen3|llama3|llama3.1");
 }
 
@@ -609,8 +638,11 @@ static int parse_options(int argc, char **argv, struct options *o)
         return sd_err("--val N and --val-out FILE.bin go together");
     if (o->pack > 0 && o->max_len > o->pack)
         return sd_err("--max-len %lld exceeds --pack %lld: a document must fit one window", o->max_len, o->pack);
-    if (o->pack > 0 && o->max_len == 0)
+    o->max_len_flag = "--max-len";
+    if (o->pack > 0 && o->max_len == 0) {
         o->max_len = o->pack;
+        o->max_len_flag = "--pack";
+    }
     if (overflow_set && !o->max_len)
         return sd_err("--overflow needs --max-len or --pack");
     return 0;
@@ -656,9 +688,59 @@ static int encode_all(struct job *j)
     return rc;
 }
 
+/* What became of the examples. Lines are 1-based line numbers of the input. */
+#define SUMMARY_LINES 8
 struct summary {
-    int64_t examples, dropped, truncated;
+    int64_t examples, truncated;
+    int64_t too_long;           /* dropped by --max-len / --pack (--overflow drop) */
+    int64_t no_assistant;       /* conversations without an assistant turn (--train-on assistant) */
+    int64_t cut_targets;        /* truncated to no target left (--overflow truncate), dropped */
+    int64_t cut_lines[SUMMARY_LINES];
 };
+
+/* Whether tokens [0, n) hold a target (a document's first token never is one). */
+static bool has_target(const uint8_t *flags, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if ((flags[i] & DATA_FLAG_LOSS) && !(flags[i] & DATA_FLAG_DOC_START))
+            return true;
+    return false;
+}
+
+/* "in.jsonl:3, in.jsonl:7 and 2 more": the input lines of the examples that lost every target. */
+static void cut_lines_str(const struct job *j, const struct summary *sum, char *out, size_t len)
+{
+    size_t at = 0;
+    int64_t shown = sum->cut_targets < SUMMARY_LINES ? sum->cut_targets : SUMMARY_LINES;
+    out[0] = 0;
+    for (int64_t i = 0; i < shown && at < len; i++)
+        at += (size_t)snprintf(out + at, len - at, "%s%s:%lld", i ? ", " : "", j->opt.in, (long long)sum->cut_lines[i]);
+    if (sum->cut_targets > shown && at < len)
+        snprintf(out + at, len - at, " and %lld more", (long long)(sum->cut_targets - shown));
+}
+
+/* A shard without a target cannot train (the launcher refuses it): why this one has none. */
+static int no_target_error(const struct job *j, const struct summary *sum, const char *which)
+{
+    char why[2048] = "", lines[1024];
+    size_t at = 0;
+    if (sum->too_long)
+        at += (size_t)snprintf(why + at, sizeof why - at, "; %lld example(s) longer than %s %lld dropped",
+                               (long long)sum->too_long, j->opt.max_len_flag, j->opt.max_len);
+    if (sum->no_assistant && at < sizeof why)
+        at += (size_t)snprintf(why + at, sizeof why - at,
+                               "; %lld conversation(s) without an assistant turn dropped (--train-on assistant trains "
+                               "on assistant turns only, --train-on all on every token)",
+                               (long long)sum->no_assistant);
+    if (sum->cut_targets && at < sizeof why) {
+        cut_lines_str(j, sum, lines, sizeof lines);
+        snprintf(why + at, sizeof why - at,
+                 "; %lld example(s) lost all their targets to truncation by %s %lld --overflow truncate (%s): raise %s "
+                 "or use --overflow drop",
+                 (long long)sum->cut_targets, j->opt.max_len_flag, j->opt.max_len, lines, j->opt.max_len_flag);
+    }
+    return sd_err("%s would have no target, so nothing was written%s", which, why);
+}
 
 /* Lays the encoded documents, in input order, into the train shard and (the last --val ones)
  * the validation shard. */
@@ -679,10 +761,20 @@ static int assemble(struct job *j, struct shard *train, struct shard *val, struc
             int64_t k = l % LINES_PER_BATCH;
             if (b->blank[k])
                 continue;
+            if (b->no_assistant[k]) {
+                sum->no_assistant += pass;
+                continue;
+            }
             int64_t start = k ? b->doc_end[k - 1] : 0, n = b->doc_end[k] - start;
             if (j->opt.max_len && n > j->opt.max_len) {
                 if (j->opt.overflow == OVERFLOW_DROP) {
-                    sum->dropped += pass;
+                    sum->too_long += pass;
+                    continue;
+                }
+                if (!has_target(b->flags + start, j->opt.max_len)) {
+                    if (pass && sum->cut_targets < SUMMARY_LINES)
+                        sum->cut_lines[sum->cut_targets] = l + 1;
+                    sum->cut_targets += pass;
                     continue;
                 }
                 sum->truncated += pass;
@@ -698,14 +790,39 @@ static int assemble(struct job *j, struct shard *train, struct shard *val, struc
         }
     }
     sum->examples = kept;
-    if (kept == 0)
-        return sd_err("%s: every example was dropped by --max-len %lld", j->opt.in, j->opt.max_len);
-    if (j->opt.val && kept <= j->opt.val)
+    if (kept == 0 && sum->too_long == ndocs)
+        return sd_err("%s: every example was dropped by %s %lld", j->opt.in, j->opt.max_len_flag, j->opt.max_len);
+    if (kept > 0 && j->opt.val && kept <= j->opt.val)
         return sd_err("--val %lld leaves no training examples (%lld in all)", j->opt.val, (long long)kept);
+    if (train->targets == 0)
+        return no_target_error(j, sum, j->opt.out);
+    if (j->opt.val && val->targets == 0)
+        return no_target_error(j, sum, j->opt.val_out);
     if (shard_finish(train, j->opt.pack, (uint32_t)j->pad) != 0 ||
         (j->opt.val && shard_finish(val, j->opt.pack, (uint32_t)j->pad) != 0))
         return -1;
     return 0;
+}
+
+/* ", 3 dropped [1 longer than --pack 8, 2 without an assistant turn]" for the summary line. */
+static void print_dropped(const struct job *j, const struct summary *sum)
+{
+    int64_t dropped = sum->too_long + sum->no_assistant + sum->cut_targets;
+    printf(", %lld dropped", (long long)dropped);
+    if (dropped == 0)
+        return;
+    const char *sep = " [";
+    if (sum->too_long) {
+        printf("%s%lld longer than %s %lld", sep, (long long)sum->too_long, j->opt.max_len_flag, j->opt.max_len);
+        sep = ", ";
+    }
+    if (sum->no_assistant) {
+        printf("%s%lld without an assistant turn", sep, (long long)sum->no_assistant);
+        sep = ", ";
+    }
+    if (sum->cut_targets)
+        printf("%s%lld with no target left after truncation", sep, (long long)sum->cut_targets);
+    printf("]");
 }
 
 static double now_s(void)
@@ -718,7 +835,7 @@ static double now_s(void)
 int tokenize_main(int argc, char **argv)
 {
     if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) {
-        usage(stdout);
+        tokenize_usage(stdout);
         return 0;
     }
     struct job j = {0};
@@ -754,19 +871,29 @@ int tokenize_main(int argc, char **argv)
         int64_t tokens = 0;
         for (int64_t b = 0; b < j.nbatches; b++)
             tokens += (int64_t)j.batches[b].n;
-        printf("slidedp-data tokenize: %lld examples (%s, %lld dropped, %lld truncated): %s %lld tokens, %lld "
-               "targets",
-               (long long)sum.examples, format_names[j.opt.format], (long long)sum.dropped,
-               (long long)sum.truncated, j.opt.out, (long long)train.n, (long long)train.targets);
+        printf("slidedp-data tokenize: %lld examples (%s", (long long)sum.examples, format_names[j.opt.format]);
+        if (j.have_tpl)
+            printf(", template %s (%s)", chat_family_names[j.tpl.family], j.tpl.origin);
+        print_dropped(&j, &sum);
+        printf(", %lld truncated): %s %lld tokens, %lld targets", (long long)sum.truncated, j.opt.out,
+               (long long)train.n, (long long)train.targets);
         if (j.opt.val)
             printf("; %s %lld tokens, %lld targets", j.opt.val_out, (long long)val.n, (long long)val.targets);
         printf("; %.0f tokens/s on %lld threads\n", seconds > 0 ? tokens / seconds : 0.0, j.opt.threads);
+        if (sum.cut_targets) {
+            char lines[1024];
+            cut_lines_str(&j, &sum, lines, sizeof lines);
+            fprintf(stderr, "slidedp-data tokenize: %lld example(s) lost all their targets to truncation by %s %lld "
+                            "and were dropped: %s\n",
+                    (long long)sum.cut_targets, j.opt.max_len_flag, j.opt.max_len, lines);
+        }
     }
     for (int64_t b = 0; j.batches && b < j.nbatches; b++) {
         free(j.batches[b].tokens);
         free(j.batches[b].flags);
         free(j.batches[b].doc_end);
         free(j.batches[b].blank);
+        free(j.batches[b].no_assistant);
     }
     free(j.batches);
     free(j.lines);

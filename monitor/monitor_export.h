@@ -6,7 +6,7 @@
 
 #include <stdio.h>
 
-#include "tools/monitor.h"
+#include "monitor/monitor.h"
 
 /* The snapshot as a JSON object (malloc'd text, caller frees), or NULL when out of memory. */
 char *mon_json(const struct mon *m, const struct mon_snapshot *s);

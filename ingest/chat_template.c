@@ -68,6 +68,7 @@ int chat_template_detect(const char *text, struct chat_template *out)
             out->always_generation_header = known[i].always_generation_header;
             out->bos_token = LLAMA_BOS;
             set_date(out, known[i].uses_strftime);
+            out->origin = known[i].release;
             return 0;
         }
     return sd_err("chat_template is not one of the known templates (%s); name the family with --template",
@@ -82,9 +83,19 @@ int chat_template_named(const char *name, struct chat_template *out)
             out->family = (enum chat_family)f;
             out->bos_token = LLAMA_BOS;
             set_date(out, false); /* Llama 3.1's own template: its fixed default date */
+            out->origin = "--template";
             return 0;
         }
     return sd_err("--template %s: unknown (accepted: auto, %s)", name, CHAT_FAMILY_LIST);
+}
+
+int chat_template_special_tokens(const struct chat_template *t, const char *const **tokens)
+{
+    static const char *const qwen[] = {"<|im_start|>", "<|im_end|>", "<think>", "</think>"};
+    static const char *const llama[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    bool is_qwen = t->family == CHAT_QWEN25 || t->family == CHAT_QWEN3;
+    *tokens = is_qwen ? qwen : llama;
+    return t->family == CHAT_QWEN25 ? 2 : 4; /* Qwen2.5 writes no think blocks */
 }
 
 /* ---- output buffer ------------------------------------------------------------------------ */

@@ -21,6 +21,8 @@ struct tok_ids {
 
 int tokenizer_load(const char *tokenizer_json_path, struct tokenizer **out);
 void tokenizer_free(struct tokenizer *t);
+/* The id of an added token (cut out of the text before encoding) given as text, or -1. */
+int64_t tokenizer_added_token_id(const struct tokenizer *t, const char *text);
 /* The id of an added token or vocabulary entry given as text (UTF-8), or -1. */
 int64_t tokenizer_token_id(const struct tokenizer *t, const char *text);
 /* The special tokens the post-processor puts before and after a single sequence. */

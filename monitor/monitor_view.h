@@ -6,7 +6,7 @@
 
 #include <stdbool.h>
 
-#include "tools/monitor.h"
+#include "monitor/monitor.h"
 
 #define MON_FRAME_LINES (JOB_MAX_GPUS + CTL_MAX_OPTIM + 16)
 #define MON_LINE_MAX 512

@@ -70,8 +70,9 @@ static void share_bar(char *buf, double work, double wait)
 }
 
 /* The loss of the last steps still in the history, averaged into at most `cols` columns; on a log
- * scale (*log_scale) when it spans more than two decades, which a linear one flattens. */
-static void sparkline(char *out, size_t len, const struct mon_snapshot *s, uint32_t first_step, int cols, bool utf8,
+ * scale (*log_scale) when it spans more than two decades, which a linear one flattens. Returns the
+ * columns drawn. */
+static int sparkline(char *out, size_t len, const struct mon_snapshot *s, uint32_t first_step, int cols, bool utf8,
                       double *lo, double *hi, uint32_t *from, bool *log_scale)
 {
     static const char *const blocks[] = {"\u2581", "\u2582", "\u2583", "\u2584",
@@ -100,6 +101,7 @@ static void sparkline(char *out, size_t len, const struct mon_snapshot *s, uint3
     double a = *log_scale ? log10(*lo) : *lo, b = *log_scale ? log10(*hi) : *hi;
     size_t n = 0;
     out[0] = 0;
+    int drawn = 0;
     for (int c = 0; c < cols; c++) {
         double x = *log_scale ? log10(v[c]) : v[c];
         int level = b > a ? (int)((x - a) / (b - a) * 7 + 0.5) : 3;
@@ -109,7 +111,9 @@ static void sparkline(char *out, size_t len, const struct mon_snapshot *s, uint3
             break;
         memcpy(out + n, sym, sl + 1);
         n += sl;
+        drawn++;
     }
+    return drawn;
 }
 
 static void render_header(const struct mon *m, const struct mon_snapshot *now, const struct mon_view_opts *o,
@@ -145,15 +149,26 @@ static void render_header(const struct mon *m, const struct mon_snapshot *now, c
         snprintf(c, sizeof c, "no prediction");
     add(f, o->width, MON_LINE_TEXT, "step time %.3f s measured, %s  %s", st->step_s, c, val);
     if (st->step > 0) {
-        char spark[SPARK_MAX * 4];
+        char spark[SPARK_MAX * 4], label[96];
         double lo, hi;
         uint32_t from;
         bool log_scale;
+        /* the sparkline takes what the label leaves of the line (the label's numbers depend on the
+         * columns averaged, so narrow until both fit) */
         int cols = o->width - 40;
-        sparkline(spark, sizeof spark, now, (uint32_t)h->first_step, cols > 8 ? cols : 8, o->utf8, &lo, &hi, &from,
-                  &log_scale);
-        add(f, o->width, MON_LINE_TEXT, "loss %s  %.4g..%.4g%s (steps %u-%u)", spark, lo, hi, log_scale ? " log" : "", from,
-            st->step);
+        for (int tries = 0; tries < 4; tries++) {
+            cols = cols > 8 ? cols : 8;
+            /* bytes too: a UTF-8 column takes 3 of the line's MON_LINE_MAX */
+            int drawn = sparkline(spark, MON_LINE_MAX - sizeof label - 8, now, (uint32_t)h->first_step, cols, o->utf8,
+                                  &lo, &hi, &from, &log_scale);
+            snprintf(label, sizeof label, "%.4g..%.4g%s (steps %u-%u)", lo, hi, log_scale ? " log" : "", from,
+                     st->step);
+            int over = (int)strlen("loss ") + drawn + 2 + (int)strlen(label) - o->width;
+            if (over <= 0 || cols == 8)
+                break;
+            cols = drawn - over;
+        }
+        add(f, o->width, MON_LINE_TEXT, "loss %s  %s", spark, label);
     }
 }
 

@@ -12,8 +12,9 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "tools/monitor.h"
-#include "tools/monitor_view.h"
+#include "common/version.h"
+#include "monitor/monitor.h"
+#include "monitor/monitor_view.h"
 
 #define PROG "slidedp-top"
 #define FRAME_MS 250
@@ -23,10 +24,16 @@
 static int usage(FILE *f)
 {
     fprintf(f, "usage: %s [JOB] [--once]\n"
+               "       %s --version | --help\n"
+               "A live view of a running job, attached read-only to its shared memory.\n"
                "  JOB: a job name (listed when several run), or its job.ini followed by the section.key=value\n"
-               "  overrides it was launched with; default: the only running job\n"
-               "  --once: print one frame as plain text and exit\n",
-            PROG);
+               "  overrides it was launched with (from the same directory: an override's relative path starts\n"
+               "  at the current directory, a path inside job.ini at job.ini's folder); default: the only\n"
+               "  running job\n"
+               "  --once: print one frame as plain text and exit\n"
+               "  --version: print the version and the backends of this build\n"
+               "  --help, -h: this text\n",
+            PROG, PROG);
     return f == stdout ? 0 : 2;
 }
 
@@ -109,10 +116,12 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
             return usage(stdout);
+        if (!strcmp(argv[i], "--version"))
+            return sd_version_print();
         if (!strcmp(argv[i], "--once")) {
             once = true;
         } else if (argv[i][0] == '-') {
-            fprintf(stderr, "%s: unknown option '%s' (accepted: --once)\n", PROG, argv[i]);
+            fprintf(stderr, "%s: unknown option '%s' (accepted: --once, --version, --help)\n", PROG, argv[i]);
             return 2;
         } else if (mon_job_arg(PROG, argv[i], &job_args) != 0) {
             return 2;

@@ -16,6 +16,8 @@ struct chat_template {
     int always_generation_header; /* the first Llama 3 release appends the assistant header always */
     const char *bos_token;        /* Llama: the text of the BOS token */
     char date[32];                /* Llama 3.1: "Today Date" */
+    const char *origin;           /* how it was chosen, for the summary: the release it was recognised
+                                     as in tokenizer_config.json, or --template */
 };
 
 struct chat_message {
@@ -40,6 +42,10 @@ extern const char *const chat_family_names[CHAT_FAMILIES];
 int chat_template_detect(const char *template_text, struct chat_template *out);
 /* The family named on the command line (the variant of its current release), or -1. */
 int chat_template_named(const char *name, struct chat_template *out);
+
+/* The special tokens the family's renders write, which the tokenizer must have as added tokens (else
+ * they would be encoded as plain text); returns how many. */
+int chat_template_special_tokens(const struct chat_template *tpl, const char *const **tokens);
 
 /* Renders the conversation (appending to out, which starts empty). Fails on roles the family
  * does not accept. */
