@@ -86,8 +86,10 @@ npm-deps:
 test: build npm-deps
 	meson test -C $(BUILD) --print-errorlogs --no-suite timing --no-suite long
 
-# The long sweeps (meson suite `long`: every fault point killed at its first, middle and last pass,
-# and the like), which `make test` covers at one pass each; CI runs them after `make test`.
+# The long sweeps (meson suite `long`), which `make test` covers at one pass or a fixed subset each:
+# every fault point killed at its first, middle and last pass (killpoints_long), and every named
+# point killed and stalled in every process on one host and two in both host_state modes
+# (tests/test_sweep.sh full). CI runs them after `make test`.
 test-long: build
 	meson test -C $(BUILD) --print-errorlogs --suite long
 

@@ -4,7 +4,11 @@
  * stopped process itself); with "hold" the thread that passed the point waits forever while the
  * process's other threads run on (a poster thread lagging behind by construction). By default only a process's first incarnation obeys (restarts = 0);
  * options narrow or widen that: "always" (every incarnation: a crash loop), "i<K>" (only the
- * incarnation after K restarts), "r<R>" (only the process of rank or index R; the launcher is 0). */
+ * incarnation after K restarts), "r<R>" (only the process of rank or index R; a launcher: its host's index).
+ * Slowness as well as death: SLIDEDP_DELAY_AT="point:n:ms[:option...][,...]" makes the thread that
+ * passes the point for the n-th time (n = "all": every time) sleep ms milliseconds and go on, with
+ * the same options; "stop" of SLIDEDP_CRASH_AT stops the whole process instead. Both variables may
+ * be set together (at most 8 rules in all). */
 #ifndef SD_FAULT_H
 #define SD_FAULT_H
 

@@ -562,3 +562,64 @@ int job_resolve_attention(struct job_config *job, struct data_set *train)
     job->attention_pairs = job->attention == ATTENTION_DOCUMENT ? data_attention_pairs(train, 4096) : 0;
     return 0;
 }
+
+/* The inverse of set_value: the value as job.ini would spell it (a double in as few digits as read back exactly). */
+static void format_value(const struct job_config *job, const struct key_spec *k, char *out, size_t len)
+{
+    const char *base = (const char *)job;
+    switch (k->type) {
+    case K_PATH:
+        snprintf(out, len, "%s", base + k->offset);
+        return;
+    case K_INT:
+        snprintf(out, len, "%d", *(const int *)(base + k->offset));
+        return;
+    case K_U64:
+        snprintf(out, len, "%llu", (unsigned long long)*(const uint64_t *)(base + k->offset));
+        return;
+    case K_DOUBLE: {
+        double x = *(const double *)(base + k->offset);
+        for (int digits = 6; digits <= 17; digits++) /* the shortest that reads back exactly */
+            if (snprintf(out, len, "%.*g", digits, x) > 0 && strtod(out, NULL) == x)
+                return;
+        return;
+    }
+    case K_BOOL:
+        snprintf(out, len, "%s", *(const bool *)(base + k->offset) ? "true" : "false");
+        return;
+    case K_BYTES_AUTO:
+        snprintf(out, len, "%lld", (long long)*(const int64_t *)(base + k->offset));
+        return;
+    case K_ENUM: {
+        int idx = k->offset == OFF(init_random) || k->offset == OFF(resume_auto)
+                      ? *(const bool *)(base + k->offset)
+                      : *(const int *)(base + k->offset) - k->enum_base;
+        const char *p = k->choices;
+        for (int i = 0; i < idx && strchr(p, '|'); i++)
+            p = strchr(p, '|') + 1;
+        const char *bar = strchr(p, '|');
+        snprintf(out, len, "%.*s", bar ? (int)(bar - p) : (int)strlen(p), p);
+        return;
+    }
+    }
+}
+
+const char *job_config_key(int i, char *out, size_t len)
+{
+    if (i < 0 || i >= NUM_KEYS)
+        return NULL;
+    snprintf(out, len, "%s.%s", key_specs[i].section, key_specs[i].key);
+    return out;
+}
+
+int job_config_value(const struct job_config *job, const char *name, char *out, size_t len)
+{
+    const char *dot = strchr(name, '.');
+    for (int i = 0; dot && i < NUM_KEYS; i++)
+        if (strlen(key_specs[i].section) == (size_t)(dot - name) &&
+            !strncmp(key_specs[i].section, name, (size_t)(dot - name)) && !strcmp(key_specs[i].key, dot + 1)) {
+            format_value(job, &key_specs[i], out, len);
+            return 0;
+        }
+    return sd_err("job_config_value: no key %s", name);
+}

@@ -5,6 +5,7 @@
 #define SD_JOB_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define JOB_PATH_MAX 1024
@@ -116,6 +117,11 @@ void job_config_defaults(struct job_config *job);
  * directory (as the shell that typed them would). Errors name the file, line, key and the accepted
  * values. Nothing is created. */
 int job_config_load(const char *ini_path, int num_overrides, char **overrides, struct job_config *job);
+
+/* The name "section.key" of the i-th key of job.ini into out, or NULL past the last: lists every key. */
+const char *job_config_key(int i, char *out, size_t len);
+/* The value of key "section.key" as job.ini spells it (paths resolved, doubles exact), into out. */
+int job_config_value(const struct job_config *job, const char *name, char *out, size_t len);
 
 /* LR for update s (from 1), docs/design.md §9.4. */
 double job_lr_at(const struct job_config *job, int step);

@@ -11,11 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "common/err.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/hf.h"
 #include "common/safetensors.h"
@@ -94,6 +96,73 @@ static int write_optimizer_state(const struct job_state *st, const char *path)
     return rc;
 }
 
+/* The keys that make a run: resuming under another value of one would continue another run's
+ * trajectory. train.steps is not one (raising it trains longer); of gpus and grad_accum only their
+ * product counts (gpus=G with A micro-steps trains bit-identically to one rank with G*A, §9.5). */
+static const char *const identity_keys[] = {
+    "model.path", "model.init", "data.train", "data.seq_len", "data.shuffle", "train.micro_batch",
+    "train.lr", "train.warmup", "train.schedule", "train.min_lr_ratio", "train.weight_decay", "train.beta1",
+    "train.beta2", "train.eps", "train.grad_clip", "train.seed", "train.optimizer_state", "runtime.grad_dtype"};
+#define MICRO_BATCHES_KEY "runtime.gpus x train.grad_accum"
+
+/* The run's configuration as {"section.key": "value"}, job.ini's spelling; NULL when out of memory. */
+static cJSON *run_identity(const struct job_config *job)
+{
+    cJSON *o = cJSON_CreateObject();
+    char value[JOB_PATH_MAX];
+    for (size_t i = 0; o && i < sizeof identity_keys / sizeof identity_keys[0]; i++) {
+        SD_ASSERT(job_config_value(job, identity_keys[i], value, sizeof value) == 0);
+        cJSON_AddStringToObject(o, identity_keys[i], value);
+    }
+    /* job->gpus counts every host's ranks (state_create) */
+    snprintf(value, sizeof value, "%d", job->gpus * job->grad_accum);
+    if (o)
+        cJSON_AddStringToObject(o, MICRO_BATCHES_KEY, value);
+    return o;
+}
+
+/* The identity as a JSON object, one key a line, indented as trainer_state.json; malloc'd. */
+static char *identity_lines(const cJSON *identity)
+{
+    size_t cap = 16, used = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, identity)
+        cap += strlen(item->string) + strlen(item->valuestring) * 6 + 16; /* \u00XX escapes at most */
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    used += (size_t)snprintf(out, cap, "{");
+    cJSON_ArrayForEach(item, identity)
+    {
+        char *value = cJSON_PrintUnformatted(item); /* escaped; the keys are identity_keys' plain names */
+        if (!value) {
+            free(out);
+            return NULL;
+        }
+        used += (size_t)snprintf(out + used, cap - used, "%s\n    \"%s\": %s", item == identity->child ? "" : ",",
+                                 item->string, value);
+        free(value);
+    }
+    snprintf(out + used, cap - used, "\n  }");
+    return out;
+}
+
+static uint64_t identity_hash(const cJSON *identity)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 over "key=value\n" lines */
+    const cJSON *item;
+    cJSON_ArrayForEach(item, identity)
+    {
+        for (const char *p = item->string; *p; p++)
+            h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+        h = (h ^ '=') * 0x100000001b3ull;
+        for (const char *p = cJSON_GetStringValue(item); p && *p; p++)
+            h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+        h = (h ^ '\n') * 0x100000001b3ull;
+    }
+    return h;
+}
+
 static void step_dir(const struct job_state *st, uint32_t step, char *out, size_t len)
 {
     snprintf(out, len, "%s/step-%u", st->job.ckpt_dir, step);
@@ -149,17 +218,34 @@ int checkpoint_write(const struct job_state *st, uint32_t step)
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
     if (write_optimizer_state(st, path) != 0)
         goto fail;
-    char json[512];
-    int len = snprintf(json, sizeof json,
-                       "{\n  \"format\": 1,\n  \"step\": %u,\n  \"data_position\": %u,\n  \"seed\": %llu,\n"
-                       "  \"num_params\": %lld,\n  \"optimizer_state\": \"%s\"\n}\n",
-                       step, step, (unsigned long long)st->job.seed, (long long)st->lay.num_params,
-                       optimizer_state_name(st->job.optimizer_state));
-    snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
-    if (fs_write_atomic(path, json, (size_t)len) != 0 || fs_fsync_dir(tmp) != 0)
+    cJSON *identity = run_identity(&st->job);
+    char *config = identity ? identity_lines(identity) : NULL;
+    size_t cap = 1024 + (config ? strlen(config) : 0);
+    char *json = config ? malloc(cap) : NULL;
+    if (!json) {
+        cJSON_Delete(identity);
+        free(config);
+        sd_err("out of memory");
         goto fail;
+    }
+    int len = snprintf(json, cap,
+                       "{\n  \"format\": 1,\n  \"step\": %u,\n  \"data_position\": %u,\n  \"seed\": %llu,\n"
+                       "  \"num_params\": %lld,\n  \"optimizer_state\": \"%s\",\n  \"run_id\": \"%s\",\n"
+                       "  \"config_hash\": \"%016llx\",\n  \"config\": %s\n}\n",
+                       step, step, (unsigned long long)st->job.seed, (long long)st->lay.num_params,
+                       optimizer_state_name(st->job.optimizer_state), st->run_id,
+                       (unsigned long long)identity_hash(identity), config);
+    cJSON_Delete(identity);
+    free(config);
+    snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
+    int written = fs_write_atomic(path, json, (size_t)len);
+    free(json);
+    if (written != 0 || fs_fsync_dir(tmp) != 0)
+        goto fail;
+    fault_point("ckpt_tmp_written");
     if (fs_publish_dir(tmp, dir) != 0)
         goto fail;
+    fault_point("ckpt_renamed");
     prune(st);
     return 0;
 fail:
@@ -167,18 +253,29 @@ fail:
     return sd_err_prefix("checkpoint %s", dir);
 }
 
+/* trainer_state.json of a checkpoint, parsed; NULL when it cannot be read. */
+static cJSON *read_trainer_state(const char *path)
+{
+    enum { MAX_BYTES = 1 << 16 }; /* a few lines and the run's keys, paths included (checkpoint_write) */
+    FILE *f = fopen(path, "r");
+    char *text = f ? malloc(MAX_BYTES) : NULL;
+    if (!text) {
+        if (f)
+            fclose(f);
+        return NULL;
+    }
+    size_t len = fread(text, 1, MAX_BYTES, f);
+    fclose(f);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    return root;
+}
+
 /* The optimizer_state step-S/ was written with ("fp32" when trainer_state.json predates the key),
  * or NULL when the file cannot be read. */
 static const char *checkpoint_mode(const char *path, char *out, size_t out_len)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    char text[4096]; /* the file is a few lines (checkpoint_write) */
-    size_t len = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[len] = 0;
-    cJSON *root = cJSON_Parse(text);
+    cJSON *root = read_trainer_state(path);
     if (!root)
         return NULL;
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(root, "optimizer_state");
@@ -299,5 +396,106 @@ int checkpoint_load(struct job_state *st, uint32_t step)
                        (size_t)state_numel(k, td) * st_dtype_size(state_dtype(&st->job, k)));
         }
     st_close(&f);
+    return rc;
+}
+
+int checkpoint_identity(struct job_state *st, uint32_t step)
+{
+    char dir[JOB_PATH_MAX + 32], path[JOB_PATH_MAX + 64];
+    step_dir(st, step, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    cJSON *root = read_trainer_state(path);
+    if (!root)
+        return sd_err("%s cannot be read as JSON", path);
+    const cJSON *run_id = cJSON_GetObjectItemCaseSensitive(root, "run_id");
+    if (cJSON_IsString(run_id))
+        snprintf(st->run_id, sizeof st->run_id, "%s", run_id->valuestring);
+    const cJSON *theirs = cJSON_GetObjectItemCaseSensitive(root, "config"); /* absent before run identities */
+    cJSON *ours = run_identity(&st->job);
+    char differ[2048] = "";
+    size_t used = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, ours)
+    {
+        const char *there = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(theirs, item->string));
+        if (!theirs || (there && !strcmp(there, item->valuestring)))
+            continue;
+        used += (size_t)snprintf(differ + used, used < sizeof differ ? sizeof differ - used : 0,
+                                 "%s%s = %s there, %s here", used ? "; " : "", item->string,
+                                 there ? there : "(not recorded)", item->valuestring);
+    }
+    cJSON_Delete(ours);
+    cJSON_Delete(root);
+    if (used > 0)
+        return sd_err("%s belongs to another run (run %s): %s. Resume it with the values it was started with, or "
+                      "start a new run with checkpoint.resume = never (the older run's checkpoints and final/ are "
+                      "then moved to %s/run-%s/)",
+                      dir, st->run_id[0] ? st->run_id : "unknown", differ, st->job.ckpt_dir,
+                      st->run_id[0] ? st->run_id : "<date>");
+    return 0;
+}
+
+int checkpoint_set_aside(const struct job_config *job)
+{
+    DIR *d = opendir(job->ckpt_dir);
+    if (!d)
+        return 0;
+    char (*names)[256] = NULL;
+    int n = 0, cap = 0;
+    unsigned newest = 0;
+    int steps = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        unsigned s;
+        char tail;
+        bool step = sscanf(e->d_name, "step-%u%c", &s, &tail) == 1;
+        if (!step && strcmp(e->d_name, "final") != 0)
+            continue;
+        if (n == cap) {
+            char (*more)[256] = realloc(names, sizeof *names * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!more) {
+                closedir(d);
+                free(names);
+                return sd_err("out of memory");
+            }
+            names = more;
+        }
+        snprintf(names[n++], sizeof *names, "%s", e->d_name);
+        newest = step && s > newest ? s : newest;
+        steps += step;
+    }
+    closedir(d);
+    if (n == 0)
+        return 0;
+    /* named by the older run's id where its newest checkpoint records one, else by the time */
+    char id[64] = "", path[JOB_PATH_MAX + 300], aside[JOB_PATH_MAX + 96];
+    snprintf(path, sizeof path, "%s/step-%u/trainer_state.json", job->ckpt_dir, newest);
+    cJSON *root = newest ? read_trainer_state(path) : NULL;
+    const char *recorded = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "run_id"));
+    if (recorded && !strchr(recorded, '/') && strlen(recorded) < 32)
+        snprintf(id, sizeof id, "%s", recorded);
+    cJSON_Delete(root);
+    if (!id[0]) {
+        time_t now = time(NULL);
+        strftime(id, sizeof id, "%Y%m%d-%H%M%S", gmtime(&now));
+    }
+    snprintf(aside, sizeof aside, "%s/run-%s", job->ckpt_dir, id);
+    for (int k = 2; fs_exists(aside); k++)
+        snprintf(aside, sizeof aside, "%s/run-%s-%d", job->ckpt_dir, id, k);
+    int rc = fs_mkdir_p(aside, 0755);
+    for (int i = 0; i < n && rc == 0; i++) {
+        char from[JOB_PATH_MAX + 300], to[JOB_PATH_MAX + 400];
+        snprintf(from, sizeof from, "%s/%s", job->ckpt_dir, names[i]);
+        snprintf(to, sizeof to, "%s/%s", aside, names[i]);
+        if (rename(from, to) != 0)
+            rc = sd_err("cannot move %s to %s: %s", from, to, strerror(errno));
+    }
+    if (rc == 0) {
+        fs_fsync_dir(job->ckpt_dir);
+        printf("slidedp: checkpoint.resume = never: the older run's %d checkpoint(s)%s moved from %s to %s (never "
+               "resumed, pruned or reported as this run's; remove it when no longer needed)\n",
+               steps, n > steps ? " and final/" : "", job->ckpt_dir, aside);
+    }
+    free(names);
     return rc;
 }

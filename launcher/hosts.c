@@ -15,10 +15,11 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "common/fault.h"
 #include "shm/futex.h"
 
 #define RELAY_TAG 21
-#define FINALIZE_TIMEOUT_S 60
+#define RELAY_FLUSH_TIMEOUT_S 60
 
 /* One environment's pair of variables naming the world size and this process's place in it. */
 struct mpi_env {
@@ -114,20 +115,59 @@ static void nap(long ns)
     nanosleep(&ts, NULL);
 }
 
+int hosts_check_same_checkpoint(const struct hosts *h, const char *ckpt_dir, uint32_t step, bool finished)
+{
+    if (h->count == 1)
+        return 0;
+    unsigned long long mine = (unsigned long long)step << 1 | finished, all[JOB_MAX_GPUS];
+    SD_ASSERT(h->count <= JOB_MAX_GPUS);
+    if (MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        return sd_err("host %d: cannot compare checkpoint.dir with the other hosts", h->index);
+    int other = -1;
+    for (int i = 0; i < h->count && other < 0; i++)
+        other = all[i] != all[0] ? i : -1;
+    if (other < 0)
+        return 0;
+    char seen[2][48];
+    int hosts[2] = {0, other};
+    for (int k = 0; k < 2; k++) {
+        unsigned long long v = all[hosts[k]];
+        if (v >> 1)
+            snprintf(seen[k], sizeof seen[k], "step-%llu%s", v >> 1, v & 1 ? " and final/" : "");
+        else
+            snprintf(seen[k], sizeof seen[k], "no checkpoint");
+    }
+    return sd_err("the hosts see different checkpoints in checkpoint.dir %s (host 0: %s, host %d: %s): every host "
+                  "must see the same directory (a shared file system); nothing was started",
+                  ckpt_dir, seen[0], other, seen[1]);
+}
+
+#define FINALIZE_NOTE_S 60
+
+/* Waits for every host without a bound: host 0 may write the export and the last checkpoint for a
+ * long time, and a host that leaves without MPI_Finalize makes mpirun kill the others (host 0 in
+ * the middle of its writes). A lost host is mpirun's to detect: it ends every host then. */
 void hosts_finalize(const struct hosts *h)
 {
     if (h->count == 1)
         return;
     MPI_Request req;
     int done = 0;
-    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
-        for (uint64_t t0 = now_ns(); !done && now_ns() - t0 < FINALIZE_TIMEOUT_S * 1000000000ull; nap(1000000))
-            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    }
-    if (!done) {
-        fprintf(stderr, "slidedp-launch: host %d: the other hosts did not finish within %d s; leaving without "
-                        "MPI_Finalize\n", h->index, FINALIZE_TIMEOUT_S);
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) {
+        fprintf(stderr, "slidedp-launch: host %d: cannot wait for the other hosts; leaving without MPI_Finalize\n",
+                h->index);
         return;
+    }
+    for (uint64_t t0 = now_ns(), noted = 0; !done; nap(1000000)) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        uint64_t waited_s = (now_ns() - t0) / 1000000000ull;
+        if (!done && waited_s >= noted + FINALIZE_NOTE_S) {
+            noted = waited_s;
+            /* stderr: the stdout of hosts other than 0 is quiet */
+            fprintf(stderr, "slidedp-launch: host %d: done; waiting for the other hosts to finish (host 0 writes "
+                            "final/ and the last checkpoint), %llu s so far\n", h->index, (unsigned long long)waited_s);
+        }
     }
     MPI_Finalize();
 }
@@ -175,6 +215,7 @@ struct relay {
     uint32_t next_mark[JOB_MAX_GPUS]; /* per local rank: the step whose marks go out next */
     bool done_sent[JOB_MAX_GPUS];     /* ... and whether its MSG_DONE already went */
     struct inbound *in_head[JOB_MAX_GPUS], *in_tail[JOB_MAX_GPUS]; /* per remote rank, in arrival order */
+    struct inbound *states; /* host 0: MSG_STATE of a later step than the one it gathers now */
     struct outbound *out;
     /* sharded, per chunk: what went out of ours (the reduced step, the version, the state's step) */
     uint32_t *sent_reduced, *sent_version;
@@ -198,6 +239,7 @@ static bool send_to(struct relay *r, struct relay_msg *m, size_t bytes, int to)
     SD_ASSERT(o);
     o->msg = m;
     o->num_reqs = 0;
+    fault_point("relay_sending");
     for (int host = 0; host < r->hosts.count; host++) {
         if (host == r->hosts.index || (to >= 0 && host != to))
             continue;
@@ -398,7 +440,7 @@ static bool send_chunks(struct relay *r, bool *progressed)
     return true;
 }
 
-/* Sharded: applies what the host that sums a chunk sent about it. */
+/* Sharded: applies a chunk's norm or parameters from the host that sums it. */
 static void apply_chunk_msg(struct relay *r, const struct relay_msg *m)
 {
     struct ctl_header *h = r->h;
@@ -411,14 +453,48 @@ static void apply_chunk_msg(struct relay *r, const struct relay_msg *m)
         atomic_store_explicit(&cs->reduced_step, m->step, memory_order_release);
         atomic_fetch_add_explicit(&h->reduce_seq, 1, memory_order_release);
         futex_wake_all(&h->reduce_seq);
-    } else if (m->kind == MSG_PARAMS) {
+    } else {
         memcpy(job_params16_of(r->shm, m->step) + ch->offset, m + 1, (size_t)ch->numel * 2);
         /* release: the parameters are in place before a worker sees the version */
         atomic_store_explicit(&cs->version, m->step, memory_order_release);
         futex_wake_all(&cs->version);
-    } else {
-        copy_state(r, (int)m->chunk, (char *)(m + 1), false);
-        atomic_store(&r->state_step[m->chunk], m->step);
+    }
+}
+
+/* Host 0: the step whose whole state it gathers now, the first checkpoint or export step after
+ * the last one written. */
+static uint32_t gathered_step(const struct ctl_header *h)
+{
+    /* acquire: pairs with the launcher's release of ckpt_done_step after it wrote that checkpoint
+     * and gave the other hosts' pages back (state_release_remote_chunks) */
+    uint32_t done = atomic_load_explicit(&h->ckpt_done_step, memory_order_acquire);
+    uint32_t steps = (uint32_t)h->job.steps, every = h->ckpt_every;
+    uint32_t next = every ? (done / every + 1) * every : steps;
+    return next < steps ? next : steps;
+}
+
+/* Host 0: copies in the other hosts' state of the step it gathers now, and only that step's. A host
+ * released from a checkpoint once it sent its state may send the next one's while host 0 still
+ * writes the checkpoint: copied in then, it would tear that checkpoint, and the pages given back
+ * after it would lose it (zeros in the next). So a later step's state waits here. */
+static void apply_states(struct relay *r, bool *progressed)
+{
+    uint32_t want = gathered_step(r->h);
+    for (struct inbound **p = &r->states; *p;) {
+        struct inbound *in = *p;
+        if (in->msg->step > want) {
+            p = &in->next;
+            continue;
+        }
+        if (in->msg->step == want) { /* an earlier step's is stale: that checkpoint is written */
+            copy_state(r, (int)in->msg->chunk, (char *)(in->msg + 1), false);
+            atomic_store(&r->state_step[in->msg->chunk], want);
+            fault_point("relay_state_applied");
+        }
+        *p = in->next;
+        free(in->msg);
+        free(in);
+        *progressed = true;
     }
 }
 
@@ -452,6 +528,7 @@ static bool post_remote_grad(struct relay *r, const struct relay_msg *m)
         /* the ring holds more entries than the rank has slots */
         SD_ASSERT(ring_push(ctl_ring(h, (int)m->rank, owner), &d));
         ring_doorbell(h, owner);
+        fault_point("relay_grad_posted");
         return true;
     }
     return false;
@@ -493,16 +570,24 @@ static bool receive(struct relay *r, bool *progressed)
         rc = MPI_Recv(m, bytes, MPI_BYTE, st.MPI_SOURCE, RELAY_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS)
             return relay_fail(r, "MPI_Recv", rc);
+        fault_point("relay_received");
         *progressed = true;
-        if (m->kind >= MSG_NORM) {
+        if (m->kind == MSG_NORM || m->kind == MSG_PARAMS) {
             apply_chunk_msg(r, m);
             free(m);
             continue;
         }
-        SD_ASSERT(m->rank < (uint32_t)r->h->gpus && !ctl_rank_is_local(r->h, (int)m->rank));
         struct inbound *in = malloc(sizeof *in);
         SD_ASSERT(in);
         *in = (struct inbound){.msg = m};
+        if (m->kind == MSG_STATE) {
+            SD_ASSERT(r->hosts.index == 0 && m->chunk < (uint32_t)r->h->num_chunks &&
+                      !ctl_chunk_is_here(r->h, (int)m->chunk));
+            in->next = r->states;
+            r->states = in;
+            continue;
+        }
+        SD_ASSERT(m->rank < (uint32_t)r->h->gpus && !ctl_rank_is_local(r->h, (int)m->rank));
         if (r->in_tail[m->rank])
             r->in_tail[m->rank]->next = in;
         else
@@ -511,9 +596,10 @@ static bool receive(struct relay *r, bool *progressed)
     }
 }
 
-/* Posts what arrived, per remote rank in arrival order. */
+/* Posts what arrived, per remote rank in arrival order, and the state host 0 gathers now. */
 static void deliver(struct relay *r, bool *progressed)
 {
+    apply_states(r, progressed);
     for (int rank = 0; rank < r->h->gpus; rank++) {
         struct inbound *in;
         while ((in = r->in_head[rank])) {
@@ -560,8 +646,8 @@ static void *relay_main(void *arg)
         bool stopping = atomic_load(&r->stop);
         if (stopping && !stop_ns)
             stop_ns = now_ns();
-        if (stopping && now_ns() - stop_ns > FINALIZE_TIMEOUT_S * 1000000000ull)
-            break; /* a host that no longer receives: hosts_finalize reports it */
+        if (stopping && now_ns() - stop_ns > RELAY_FLUSH_TIMEOUT_S * 1000000000ull)
+            break; /* a host that no longer receives */
         if (!send_grads(r, &progressed) || !send_marks(r, &progressed) || !send_chunks(r, &progressed) ||
             !receive(r, &progressed) || !reap_sends(r))
             break;
@@ -654,6 +740,11 @@ void relay_stop(struct relay *r, bool flush)
             free(in->msg);
             free(in);
         }
+    for (struct inbound *in = r->states, *next; in; in = next) {
+        next = in->next;
+        free(in->msg);
+        free(in);
+    }
     for (struct outbound *o = r->out, *next; o; o = next) {
         next = o->next;
         free(o->msg);

@@ -30,7 +30,12 @@ int hosts_share_plan(const struct hosts *h, struct plan *plan);
 /* Fails on every host unless all hold the same job (job_hash: job.ini with overrides, config.json
  * and the plan's choices). */
 int hosts_check_same_job(const struct hosts *h, uint64_t job_hash);
-/* Waits (bounded) for every host to reach this point, then MPI_Finalize. */
+/* Fails on every host unless all found the same newest checkpoint (step, 0 for none) and the same
+ * finished state in checkpoint.dir: hosts that do not share the directory would resume from
+ * different steps. The message names what host 0 and the first host that differs see. */
+int hosts_check_same_checkpoint(const struct hosts *h, const char *ckpt_dir, uint32_t step, bool finished);
+/* Waits for every host to reach this point, without a bound (a note every minute), then
+ * MPI_Finalize. */
 void hosts_finalize(const struct hosts *h);
 
 /* The relay thread of a job on several hosts. */

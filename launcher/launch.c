@@ -398,14 +398,15 @@ static void write_due_checkpoint(struct sup *s, uint32_t step)
     if (h->ckpt_every == 0 || step == 0 || step % h->ckpt_every != 0 || step >= (uint32_t)h->job.steps ||
         atomic_load(&h->ckpt_done_step) >= step)
         return;
-    if (!wait_host_state(s, step))
+    if (!wait_host_state(s, step)) {
         transition(s, SUP_FAILED);
-    else if (!writes_state(s))
-        ; /* host 0 writes it; the optimizers here wait for this launcher like everywhere else */
-    else if (checkpoint_write(&s->st, step) != 0)
-        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
-    else
-        printf("checkpoint step-%u written\n", step);
+    } else if (writes_state(s)) { /* elsewhere the optimizers wait for this launcher like everywhere else */
+        fault_point("launcher_ckpt_writing");
+        if (checkpoint_write(&s->st, step) != 0)
+            fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        else
+            printf("checkpoint step-%u written\n", step);
+    }
     state_release_remote_chunks(&s->st); /* what host 0 gathered for it */
     fault_point("launcher_ckpt_written");
     /* release the optimizers even when writing failed: training goes on, the error is reported */
@@ -1016,6 +1017,7 @@ int launch_run(const struct launch_opts *opts)
                "metrics.jsonl) or remove %s; to train longer: raise train.steps\n",
                job->ckpt_dir, job->steps, job->ckpt_dir);
         state_unlock(&s->st);
+        hosts_finalize(&s->st.hosts); /* every host found it finished (hosts_check_same_checkpoint) */
         return 0;
     }
     char warning[512];

@@ -32,6 +32,7 @@ struct job_state {
     bool locked;           /* we hold the job's owner lock (owner.c), lock_fd */
     int lock_fd;
     uint64_t job_hash;
+    char run_id[24];       /* names this run in every checkpoint (hex; a resume keeps it) */
     struct ctl_shape shape; /* the shared state's shape (ctl_shape_of) */
 };
 
@@ -70,6 +71,14 @@ int checkpoint_latest(const struct job_config *job, uint32_t *step);
 /* Refuses to resume from step-S/ when it is past train.steps or does not match the model (every
  * state tensor present with its size), with a hint; reads only the file's header. */
 int checkpoint_check(const struct job_state *st, uint32_t step);
+/* The run identity of step-S/ (trainer_state.json: its run_id and configuration): takes its run id
+ * into st->run_id, and refuses, naming every key that differs, a checkpoint of another run's
+ * configuration (one written before run identities is accepted). */
+int checkpoint_identity(struct job_state *st, uint32_t step);
+/* checkpoint.resume = never over an older run: moves its step-* and final/ into
+ * checkpoint.dir/run-<its run id>/ and says so, so they are never resumed, pruned or reported as
+ * the new run's. Nothing to do when there are none. */
+int checkpoint_set_aside(const struct job_config *job);
 /* Removes what a launcher that died while writing a checkpoint or the export left: the
  * `<name>.tmp-<pid>` directories in checkpoint.dir. */
 void checkpoint_remove_partial(const struct job_config *job);

@@ -1,4 +1,5 @@
 /* slidedp-launch: runs a job from job.ini. See README.md for the options and exit codes. */
+#include <dirent.h>
 #include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -39,31 +40,26 @@ static int usage_error(const char *problem, const char *arg)
     return 2;
 }
 
-/* Removes the shm objects a dead job left behind (refuses while its launcher runs). */
-static int clean_job(const char *ini, int n, char **overrides)
+/* Removes the objects of one host's state `name` under its owner lock (a live launcher holds it; a
+ * pid stored in the state may be reused, or of another PID namespace): how many, or -1. */
+static int clean_objects(const char *name)
 {
-    struct job_config job;
-    if (job_config_load(ini, n, overrides, &job) != 0) {
-        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
-        return 2;
-    }
-    char name[32], obj[REGION_NAME_MAX];
-    struct hosts hosts; /* under mpirun or srun: this host's state */
-    if (hosts_detect(&hosts) != 0) {
-        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
-        return 2;
-    }
-    ctl_host_job_name(job.log_dir, hosts.count, hosts.index, name, sizeof name);
-    /* a live launcher holds the lock (a pid stored in the state may be reused, or of another PID
-     * namespace) */
     int lock_fd;
     if (owner_lock(name, 0, &lock_fd) != 0) {
         fprintf(stderr, "slidedp-launch: %s; not removing its state\n", sd_errmsg());
-        return 2;
+        return -1;
+    }
+    struct job_shm shm;
+    if (job_shm_attach(&shm, name, JOB_MAP_CTL, true) == 0) {
+        uint32_t committed = ctl_committed_step(shm.ctl), on_disk = atomic_load(&shm.ctl->ckpt_done_step);
+        job_shm_detach(&shm);
+        if (committed > on_disk)
+            printf("job %s: discarding %u trained step(s) not in a checkpoint on disk\n", name, committed - on_disk);
     }
     const char *what[] = {"ctl", "params16", "master", "grads"};
     int removed = 0;
     for (int i = 0; i < 4; i++) {
+        char obj[REGION_NAME_MAX];
         ctl_region_name(name, what[i], obj, sizeof obj);
         if (shm_region_exists(obj)) {
             shm_region_unlink(obj);
@@ -71,10 +67,49 @@ static int clean_job(const char *ini, int n, char **overrides)
         }
     }
     owner_unlock(name, lock_fd);
+    return removed;
+}
+
+/* Removes the shm objects a dead job left behind (refuses while its launcher runs). Under mpirun
+ * or srun: this host's; outside: the one-host state and every host's of a run on several hosts
+ * (/dev/shm/slidedp.<job>-h<N>.*). */
+static int clean_job(const char *ini, int n, char **overrides)
+{
+    struct job_config job;
+    if (job_config_load(ini, n, overrides, &job) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return 2;
+    }
+    struct hosts hosts;
+    if (hosts_detect(&hosts) != 0) {
+        fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
+        return 2;
+    }
+    char name[32];
+    ctl_host_job_name(job.log_dir, hosts.count, hosts.index, name, sizeof name);
+    int removed = clean_objects(name), states = removed > 0;
+    DIR *d = hosts.count == 1 ? opendir("/dev/shm") : NULL;
+    for (struct dirent *e; d && removed >= 0 && (e = readdir(d));) {
+        char host_name[48], prefix[48];
+        int host, len = 0;
+        snprintf(prefix, sizeof prefix, "slidedp.%s-h", name);
+        if (strncmp(e->d_name, prefix, strlen(prefix)) ||
+            sscanf(e->d_name + strlen(prefix), "%d.%n", &host, &len) != 1 || len == 0)
+            continue;
+        snprintf(host_name, sizeof host_name, "%s-h%d", name, host);
+        int more = clean_objects(host_name);
+        removed = more < 0 ? -1 : removed + more;
+        states += more > 0;
+        rewinddir(d); /* the directory changed under readdir */
+    }
+    if (d)
+        closedir(d);
+    if (removed < 0)
+        return 2;
     if (removed == 0)
         printf("job %s (log.dir %s) has no shared state in /dev/shm: nothing to remove\n", name, job.log_dir);
     else
-        printf("removed the shared state of job %s (%d object(s) in /dev/shm)\n", name, removed);
+        printf("removed the shared state of job %s (%d object(s) of %d host(s) in /dev/shm)\n", name, removed, states);
     return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/statvfs.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "common/bf16.h"
@@ -167,6 +168,32 @@ static void unlink_data_regions(const char *job_name)
     }
 }
 
+/* What differs between the live state's configuration (h) and this job: the job.ini keys, else
+ * config.json or the plan; then what `--clean` would discard. */
+static void describe_change(const struct job_state *st, struct ctl_header *h, char *out, size_t len)
+{
+    size_t used = 0;
+    char key[96], there[JOB_PATH_MAX], here[JOB_PATH_MAX];
+    for (int i = 0; job_config_key(i, key, sizeof key); i++) {
+        job_config_value(&h->job, key, there, sizeof there);
+        job_config_value(&st->job, key, here, sizeof here);
+        if (strcmp(there, here) && used < len)
+            used += (size_t)snprintf(out + used, len - used, "%s%s = %s there, %s here", used ? ", " : "", key,
+                                     there, here);
+    }
+    if (used == 0 && used < len)
+        used += (size_t)snprintf(out + used, len - used, "%s",
+                                 memcmp(&h->model, &st->cfg, sizeof st->cfg) ? "the model's config.json differs"
+                                                                             : "the plan's choices differ (runtime.*)");
+    uint32_t committed = ctl_committed_step(h), on_disk = atomic_load(&h->ckpt_done_step);
+    char newest[32] = "none";
+    if (on_disk > 0)
+        snprintf(newest, sizeof newest, "step-%u", on_disk);
+    if (used < len && committed > on_disk)
+        snprintf(out + used, len - used, "; it holds %u trained step(s) not on disk (the newest checkpoint: %s), "
+                 "which --clean discards", committed - on_disk, newest);
+}
+
 /* Looks for the objects of the same job, under its owner lock (so no live launcher has them): 0 when
  * there are none (or only a state whose launcher died before its weights were in place: nothing was
  * trained, so it is removed), 1 when a dead launcher left an initialised state of this very
@@ -185,6 +212,7 @@ static int check_existing_state(const struct job_state *st)
     struct shm_region r;
     int pid = 0;
     bool same = false, unfinished = false;
+    char changed[2048] = "";
     if (shm_region_attach(&r, name, false) != 0)
         return -1;
     struct ctl_header *h = r.base;
@@ -192,6 +220,8 @@ static int check_existing_state(const struct job_state *st)
         pid = atomic_load(&h->launcher_pid);
         same = h->job_hash == st->job_hash;
         unfinished = !atomic_load_explicit(&h->initialised, memory_order_acquire);
+        if (!same && !unfinished)
+            describe_change(st, h, changed, sizeof changed);
     } else if (r.size >= sizeof *h && h->magic == 0) {
         unfinished = true; /* created, the header never written */
     }
@@ -213,9 +243,10 @@ static int check_existing_state(const struct job_state *st)
     }
     if (same)
         return 1;
-    return sd_err("stale shared memory of a dead job with a different configuration is in /dev/shm/slidedp.%s.* "
-                  "(log.dir %s, launcher pid %d gone); remove it with: slidedp-launch --clean %s",
-                  st->job_name, st->job.log_dir, pid, st->job.ini_path);
+    return sd_err("the shared state a dead launcher (pid %d) left in /dev/shm/slidedp.%s.* (log.dir %s) is of a "
+                  "different configuration: %s. Relaunch with its values to continue it, or remove it with "
+                  "slidedp-launch --clean %s",
+                  pid, st->job_name, st->job.log_dir, changed, st->job.ini_path);
 }
 
 static int attach_regions(struct job_state *st)
@@ -319,6 +350,7 @@ static void fill_ctl(struct job_state *st, const struct ctl_sizes *sz)
     h->grads_bf16 = st->shape.grads_bf16;
     h->window_shm_bytes = st->shape.window_shm_bytes;
     h->ckpt_every = (uint32_t)st->job.ckpt_every;
+    snprintf(h->run_id, sizeof h->run_id, "%s", st->run_id);
     h->total_numel = st->shape.total_numel;
     h->max_chunk_numel = st->shape.max_chunk_numel;
     h->num_params = st->lay.num_params;
@@ -468,6 +500,16 @@ void state_replace_orphans(struct job_state *st)
     atomic_store(&h->workers_ready, 0);
 }
 
+/* A new run's id: 16 random hex digits. */
+static int new_run_id(char *out, size_t len)
+{
+    uint64_t x;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x)
+        return sd_err("getrandom: %s", strerror(errno));
+    snprintf(out, len, "%016llx", (unsigned long long)x);
+    return 0;
+}
+
 /* The newest checkpoint is of the last step and final/ is exported: a relaunch
  * would train nothing. */
 static bool job_is_finished(const struct job_state *st)
@@ -552,6 +594,7 @@ static int create_or_adopt(struct job_state *st)
                           "slidedp-launch --clean %s",
                           st->job_name, job->ini_path);
         }
+        snprintf(st->run_id, sizeof st->run_id, "%s", st->shm.ctl->run_id);
         st->adopted = true;
         return 0;
     }
@@ -559,7 +602,12 @@ static int create_or_adopt(struct job_state *st)
         rc = -1;
     if (rc == 0 && job->resume_auto)
         rc = checkpoint_latest(job, &st->resumed_step);
-    if (rc == 0 && st->resumed_step > 0 && job_is_finished(st)) {
+    if (rc == 0 && st->resumed_step > 0)
+        rc = checkpoint_identity(st, st->resumed_step);
+    bool finished = rc == 0 && st->resumed_step > 0 && job_is_finished(st);
+    if (rc == 0)
+        rc = hosts_check_same_checkpoint(&st->hosts, job->ckpt_dir, st->resumed_step, finished);
+    if (rc == 0 && finished) {
         hf_weights_close(&weights);
         st->finished = true;
         return 0;
@@ -570,6 +618,10 @@ static int create_or_adopt(struct job_state *st)
         rc = check_host_memory(sz.ctl_bytes + sz.params16_bytes + sz.master_bytes + sz.grads_bytes);
     if (rc == 0)
         rc = preflight_paths(st);
+    if (rc == 0 && !job->resume_auto && st->hosts.index == 0) /* host 0 alone: the directory is shared */
+        rc = checkpoint_set_aside(job);
+    if (rc == 0 && !st->run_id[0])
+        rc = new_run_id(st->run_id, sizeof st->run_id);
     if (rc == 0)
         rc = create_regions(st, &sz);
     if (rc != 0) {
@@ -678,9 +730,11 @@ int state_export(const struct job_state *st, const char *dir)
         fs_rm_rf(tmp);
         return -1;
     }
+    fault_point("ckpt_tmp_written");
     if (fs_publish_dir(tmp, dir) != 0) {
         fs_rm_rf(tmp);
         return -1;
     }
+    fault_point("ckpt_renamed");
     return 0;
 }

@@ -21,7 +21,7 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 8 /* 8: document attention (job attention fields, step documents, stats targets/documents) */
+#define CTL_VERSION 9 /* 8: document attention (job attention fields, step documents, stats targets/documents); 9: run_id */
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -273,6 +273,7 @@ struct ctl_header {
     bool grads_bf16;                /* that accumulator holds bf16 (plan_grads_bf16) */
     uint64_t window_shm_bytes;      /* per rank: its window in the grads region (CPU backend); 0 on GPUs */
     uint32_t ckpt_every;            /* optimizers hold step S+1's updates until checkpoint S is written */
+    char run_id[24];                /* the run's id in its checkpoints: an adopting launcher keeps it */
 
     /* offsets from the start of the region */
     uint64_t off_tensors, off_chunks, off_chunk_state, off_rings, off_slots, off_doorbells, off_procs, off_steps,

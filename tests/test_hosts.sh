@@ -4,53 +4,8 @@
 # in both host_state modes, also when a worker of host 1 is killed, and after host 1's launcher is
 # killed (every host stops, a relaunch resumes from the checkpoint), also host 1's optimizers; the
 # shm per host of both modes; host 0 alone prints the steps.
-set -u
-B=${SD_BUILD:?}
-S=${SD_SOURCE:?}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
-T=$(mktemp -d /tmp/sd-hosts.XXXXXX)
-# a host killed by mpirun leaves its shm objects (the next run of that job removes them); a failed
-# test removes those of its jobs
-cleanup() {
-    local log job
-    for log in "$T"/*.log; do
-        job=$(sed -n 's/^slidedp: job \([0-9a-f]*\)-h[0-9]*,.*/\1/p' "$log" 2>/dev/null | head -n 1)
-        [ -n "$job" ] && rm -f /dev/shm/slidedp."$job"-h*
-    done
-    rm -rf "$T"
-}
-trap cleanup EXIT
-cd "$T" || exit 1
-fail() { echo "FAIL: $*"; exit 1; }
-
-SEED=7
-echo "# seed $SEED"
-"$B/slidedp-data" copy --out data --seq-len 32 --train 2000 --val 64 --seed 1 >/dev/null || fail "slidedp-data"
-cat >job.ini <<EOF
-[model]
-path = $S/examples/tiny-qwen3
-init = random
-[data]
-train = data/train.bin
-val = data/val.bin
-val_every = 3
-val_sequences = 16
-seq_len = 32
-[train]
-micro_batch = 2
-steps = 8
-lr = 3e-3
-warmup = 2
-seed = $SEED
-[checkpoint]
-every = 2
-[runtime]
-device = cpu
-layers_per_chunk = 1
-optim_procs = 2
-optim_threads = 1
-EOF
+. "$SD_SOURCE/tests/runs_lib.sh"
+write_job 8 2
 
 # one host: name gpus grad_accum
 run_ref() {
@@ -74,7 +29,6 @@ same() {
     ls /dev/shm | grep -q "^slidedp\.$(job_of "$1")" && fail "$1: shared memory left in /dev/shm"
     echo "ok: $1 bit-identical to $2"
 }
-job_of() { sed -n 's/^slidedp: job \([0-9a-f]*\)-h0,.*/\1/p' "$1.log" | head -n 1; }
 
 run_ref ref2 1 4
 run_ref ref3 2 3
