@@ -7,7 +7,9 @@
  * once), and must end with weights and metrics bit-identical to the clean run (a killed launcher:
  * after a relaunch; its points, which do not depend on the routes, in the first job only). Then
  * SIGTERM-then-kill sequences: while the job stops, a worker, an optimizer or the launcher dies; the
- * relaunch resumes and ends bit-identical. Prints the table of points x processes.
+ * relaunch resumes and ends bit-identical. And the exchanging job's last validation cut short on one
+ * worker only (held at a point, its peer's validation done, then killed). Prints the table of points
+ * x processes.
  * SLIDEDP_KILLPOINTS_LONG=1 kills each at its first, middle and last pass (three times as long). */
 #include "tests/testutil.h"
 #include "tests/jobrun.h"
@@ -197,6 +199,50 @@ static void test_every_point_exchanging(void **state)
     enumerate(&exchanging, false);
 }
 
+/* Waits until worker `rank` of the job has written its validation sums of step s. */
+static void wait_val_done(pid_t launcher, const char *name, uint32_t s, int rank)
+{
+    char job[32];
+    job_name_of(name, job, sizeof job);
+    for (uint64_t t0 = clock_ns();; usleep(5000)) {
+        struct job_shm shm;
+        if (job_shm_attach(&shm, job, JOB_MAP_CTL, true) == 0) {
+            bool done = atomic_load(&ctl_step(shm.ctl, s)->val_done[rank]) == s;
+            job_shm_detach(&shm);
+            if (done)
+                return;
+        }
+        if (clock_ns() - t0 > HANG_S * 1000000000ull)
+            fail_hung(launcher, name);
+    }
+}
+
+/* The exchanging job's validation after its last step, cut short on one rank only: worker 0 held at
+ * its last pass of worker_param_staged (that validation staging its last shard), worker 1 finishing
+ * the validation meanwhile (it has every shard), then worker 0 killed. Both restart (§8.4) with only
+ * worker 0 owing the validation; its gathers need worker 1, which has no step left to run. */
+static void test_last_validation_cut_short(void **state)
+{
+    static struct table t;
+    char count_dir[1300];
+    job_path("ref-xchg", "counts", count_dir, sizeof count_dir); /* test_every_point_exchanging's clean run */
+    read_counts(count_dir, &t);
+    int staged = 0;
+    while (strcmp(fault_points[staged], "worker_param_staged"))
+        staged++;
+    char spec[96];
+    snprintf(spec, sizeof spec, "worker_param_staged:%ld:stop:r0", t.hits[staged][1]);
+    const char *name = "xchg-last-val-cut-short";
+    write_job_as(&exchanging, name, STEPS, EXTRA);
+    pid_t pid = start_launcher(name, spec);
+    int held = wait_proc_stopped(pid, name, PROC_WORKER, 0);
+    wait_val_done(pid, name, STEPS, 1);
+    printf("# %s: worker 0 held at %s, worker 1's validation of step %d done, worker 0 killed\n", name, spec,
+           STEPS);
+    kill(held, SIGKILL);
+    assert_finishes_like(pid, name, "ref-xchg");
+}
+
 /* SIGTERM while worker 0 is held mid-run (stopped in step 5), then, once the stop is under way, a
  * victim is killed (worker 1, optimizer 0, or the launcher) and worker 0 continued. The documented
  * outcome: the job stops (130: a worker died while stopping; 1: an optimizer died, nobody can
@@ -246,6 +292,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_point_host_slots),
         cmocka_unit_test(test_every_point_exchanging),
+        cmocka_unit_test(test_last_validation_cut_short),
         cmocka_unit_test(test_sigterm_then_kill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -261,6 +261,29 @@ static bool val_done(struct worker *w, uint32_t s)
            step_logged(w, s);
 }
 
+/* Whether some rank still owes step s's validation. */
+static bool val_pending(struct worker *w, uint32_t s)
+{
+    if (!job_is_val_step(&w->ctl->job, s) || step_logged(w, s))
+        return false;
+    for (int r = 0; r < w->G; r++)
+        if (atomic_load_explicit(&ctl_step(w->ctl, s)->val_done[r], memory_order_acquire) != s)
+            return true;
+    return false;
+}
+
+/* Takes version v's parameter keys of the exchange (every chunk, in the forward's order) without
+ * evaluating: a restarted peer redoing the validation at v gathers them, and after the last step no
+ * training step of ours would. */
+static void gather_version(struct worker *w, uint32_t v)
+{
+    w->need_version = v;
+    for (int c = 0; c < w->ctl->num_chunks; c++) {
+        io_weights(w, c, -1);
+        io_release(w, c);
+    }
+}
+
 static int worker_setup(struct worker *w, const struct worker_args *args)
 {
     if (job_shm_attach(&w->shm, args->job_name, JOB_MAP_CTL | JOB_MAP_PARAMS_RO | JOB_MAP_GRADS, false) != 0)
@@ -380,8 +403,15 @@ int worker_run(const struct worker_args *args)
     }
     atomic_fetch_add(&h->workers_ready, 1);
     uint32_t evaluated = start - 1;
-    if (evaluated >= 1 && !val_done(w, evaluated) && eval_step(w, evaluated) != 0)
-        return 1;
+    if (evaluated >= 1 && !val_done(w, evaluated)) {
+        if (eval_step(w, evaluated) != 0)
+            return 1;
+    } else if (evaluated >= 1 && w->sharded_params && val_pending(w, evaluated)) {
+        /* The exchange restarts at version `evaluated` for every rank (ctl_xchg_reset): a peer whose
+         * validation was cut short gathers its chunks, and cannot finish it before we staged our
+         * first shard, so all ranks agree here on whether it is pending. */
+        gather_version(w, evaluated);
+    }
     for (uint32_t s = start; s <= (uint32_t)h->job.steps; s++) {
         if (!may_start_step(w, s))
             break;
