@@ -96,6 +96,18 @@ pid_t start_launcher_as(const char *name, const char *crash_at, const char *cons
     return pid;
 }
 
+int log_count(const char *name, const char *text)
+{
+    char p[1300];
+    job_path(name, "launcher.log", p, sizeof p);
+    char *log = tu_read_file(p, NULL);
+    int n = 0;
+    for (const char *q = log; q && (q = strstr(q, text)); q++)
+        n++;
+    free(log);
+    return n;
+}
+
 void show_log(const char *name)
 {
     char p[1300];

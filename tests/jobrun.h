@@ -44,6 +44,8 @@ pid_t start_launcher(const char *name, const char *crash_at);
  * a job a shell starts). */
 pid_t start_launcher_as(const char *name, const char *crash_at, const char *const *wrap, bool own_session);
 void show_log(const char *name);
+/* How often text occurs in the job's launcher.log. */
+int log_count(const char *name, const char *text);
 #define HANG_S 120 /* a launcher that neither exits nor logs a step for this long is hung */
 /* Stops a hung launcher (two SIGINTs), shows its log and fails the test. */
 void fail_hung(pid_t pid, const char *name);

@@ -26,18 +26,6 @@
 static const struct variant plain = {"plain", "", false, 0, 0, NULL, NULL, NULL};
 static const char *const pid_namespace[] = {"unshare", "--pid", "--fork", "--mount-proc", NULL};
 
-static int log_count(const char *name, const char *text)
-{
-    char p[1300];
-    job_path(name, "launcher.log", p, sizeof p);
-    char *log = tu_read_file(p, NULL);
-    int n = 0;
-    for (const char *q = log; q && (q = strstr(q, text)); q++)
-        n++;
-    free(log);
-    return n;
-}
-
 static void test_reference(void **state)
 {
     write_job_as(&plain, "ref", STEPS, EXTRA);

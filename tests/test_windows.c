@@ -41,19 +41,6 @@ static void kill_then_relaunch(const struct variant *v, const char *name, const 
     assert_finishes_like(start_launcher(name, NULL), name, ref);
 }
 
-/* How often text occurs in the job's launcher.log. */
-static int log_count(const char *name, const char *text)
-{
-    char p[1300];
-    job_path(name, "launcher.log", p, sizeof p);
-    char *log = tu_read_file(p, NULL);
-    int n = 0;
-    for (const char *q = log; q && (q = strstr(q, text)); q++)
-        n++;
-    free(log);
-    return n;
-}
-
 static void reference(const struct variant *v, const char *name, int steps, const char *extra)
 {
     write_job_as(v, name, steps, extra);
