@@ -21,6 +21,7 @@
 #include "common/err.h"
 #include "common/fault.h"
 #include "common/fsutil.h"
+#include "common/stop_signals.h"
 #include "planner/search.h"
 #include "shm/futex.h"
 
@@ -960,11 +961,7 @@ int launch_run(const struct launch_opts *opts)
 {
     /* SIGINT/SIGTERM wait until the loop handles them (a stop while the state is being created
      * would otherwise kill us with the shm objects made) */
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    stop_signals_hold();
     struct sup *s = calloc(1, sizeof *s);
     if (!s) {
         fprintf(stderr, "slidedp-launch: out of memory\n");
@@ -1009,7 +1006,8 @@ int launch_run(const struct launch_opts *opts)
     }
     if (state_create(&s->st) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
-        return 2;
+        /* a stop while the host was being measured: nothing was created, and the same command starts anew */
+        return stop_signal_seen() ? 130 : 2;
     }
     if (s->st.finished) {
         printf("slidedp-launch: this job is already finished: %s holds step-%d (train.steps) and final/; nothing "
@@ -1057,7 +1055,7 @@ int launch_run(const struct launch_opts *opts)
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* one that came meanwhile is handled now */
+    stop_signals_release(); /* one that came meanwhile is handled now */
 
     if (s->st.hosts.count > 1 && relay_start(&s->relay, &s->st.shm, &s->st.hosts) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());

@@ -18,6 +18,7 @@
 #include "common/bf16.h"
 #include "common/err.h"
 #include "common/fsutil.h"
+#include "common/stop_signals.h"
 #include "optimizer/adamw.h"
 #include "shm/futex.h"
 #include "worker/backend.h"
@@ -221,6 +222,13 @@ static double par_run(struct par_job *j)
     return t1 - t0;
 }
 
+/* A stop signal held by the launcher while it plans (common/stop_signals.h) ends the measurement at
+ * its next point rather than seconds later. */
+static int stopped(void)
+{
+    return sd_err("stopped by SIGINT or SIGTERM while this host was measured; nothing was created");
+}
+
 static void thread_points(int ncpu, struct calib_curve *cv)
 {
     cv->n = 0;
@@ -245,9 +253,15 @@ static int measure_memory(struct calib_host *h)
         free(p16);
         return sd_err("calibration: out of memory for the %zu MiB test buffers", (n * 18) >> 20);
     }
-    /* zeros: AdamW's time does not depend on the values, and this faults the pages in */
-    memset(buf, 0, n * 4 * sizeof(float));
-    memset(p16, 0, n * sizeof(uint16_t));
+    /* zeros: AdamW's time does not depend on the values, and this faults the pages in (a GB at a
+     * time takes seconds: a stop is seen between pieces) */
+    int rc = 0;
+    for (size_t off = 0; off < n && !(rc = stop_signal_seen() ? stopped() : 0); off += (size_t)1 << 24) {
+        size_t k = n - off < (size_t)1 << 24 ? n - off : (size_t)1 << 24;
+        for (int a = 0; a < 4; a++)
+            memset(buf + (size_t)a * n + off, 0, k * sizeof(float));
+        memset(p16 + off, 0, k * sizeof(uint16_t));
+    }
     struct par_job *j = calloc(1, sizeof *j);
     SD_ASSERT(j);
     j->a = buf;
@@ -261,30 +275,27 @@ static int measure_memory(struct calib_host *h)
     thread_points(h->ncpu, &h->adamw_bf16_rate);
     thread_points(h->ncpu, &h->adamw_8bit_rate);
     j->n = n; /* 64 MiB copied, 16M parameters updated */
-    for (int i = 0; i < h->memcpy_bw.n; i++) {
-        double t[3];
-        j->threads = h->memcpy_bw.threads[i];
-        j->kind = PAR_MEMCPY;
-        for (int r = 0; r < 3; r++)
-            t[r] = par_run(j);
-        h->memcpy_bw.value[i] = (double)n * sizeof(float) / median(t, 3);
-        j->kind = PAR_ADAMW;
-        for (int r = 0; r < 3; r++)
-            t[r] = par_run(j);
-        h->adamw_rate.value[i] = (double)n / median(t, 3);
-        j->kind = PAR_ADAMW_BF16;
-        for (int r = 0; r < 3; r++)
-            t[r] = par_run(j);
-        h->adamw_bf16_rate.value[i] = (double)n / median(t, 3);
-        j->kind = PAR_ADAMW_8BIT;
-        for (int r = 0; r < 3; r++)
-            t[r] = par_run(j);
-        h->adamw_8bit_rate.value[i] = (double)n / median(t, 3);
-    }
+    struct {
+        int kind;
+        struct calib_curve *curve;
+        double units; /* bytes copied or parameters updated per pass */
+    } runs[] = {{PAR_MEMCPY, &h->memcpy_bw, (double)n * sizeof(float)},
+                {PAR_ADAMW, &h->adamw_rate, (double)n},
+                {PAR_ADAMW_BF16, &h->adamw_bf16_rate, (double)n},
+                {PAR_ADAMW_8BIT, &h->adamw_8bit_rate, (double)n}};
+    for (int i = 0; i < h->memcpy_bw.n && !rc; i++)
+        for (size_t k = 0; k < sizeof runs / sizeof runs[0] && !rc; k++) {
+            double t[3];
+            j->threads = h->memcpy_bw.threads[i];
+            j->kind = runs[k].kind;
+            for (int r = 0; r < 3 && !(rc = stop_signal_seen() ? stopped() : 0); r++)
+                t[r] = par_run(j);
+            runs[k].curve->value[i] = rc ? 0 : runs[k].units / median(t, 3);
+        }
     free(j);
     free(buf);
     free(p16);
-    return 0;
+    return rc;
 }
 
 /* Half a futex ping-pong round trip between two processes. */
@@ -536,12 +547,14 @@ static int measure_cpu_backend(struct calib_cpu *cpu)
         openblas_set_num_threads(1);
         for (int i = 0; i < n; i++) /* warm caches and scratch; forwards before their backwards */
             run_item(b, &all[i]);
-        for (int r = 0; r < CPU_REPS; r++)
-            for (int i = 0; i < n; i++) {
+        for (int r = 0; r < CPU_REPS && !fail; r++)
+            for (int i = 0; i < n && !(fail = stop_signal_seen() ? 2 : 0); i++) {
                 double t0 = now_s();
                 run_item(b, &all[i]);
                 all[i].t[r] = now_s() - t0;
             }
+    }
+    if (!fail) {
         double cost[NUM_FIXED + ELEM_COUNT];
         for (int i = 0; i < n; i++)
             cost[i] = trimmed_mean(all[i].t, CPU_REPS);
@@ -558,7 +571,7 @@ static int measure_cpu_backend(struct calib_cpu *cpu)
     free(b->tokens);
     backend_cpu_free(&b->be);
     free(b);
-    return fail ? sd_err("calibration: out of memory") : 0;
+    return fail == 2 ? stopped() : fail ? sd_err("calibration: out of memory") : 0;
 }
 
 int calib_measure_host(struct calib_host *h)
@@ -791,6 +804,19 @@ int calib_load(struct calib *c)
     snprintf(path, sizeof path, "%s/calib-gpu-%s.json", dir, c->hostname);
     if (load_gpu(path, c) != 0)
         return -1;
+    /* Rates pinned by a host calibration file: plans that do not depend on how fast or how busy this
+     * machine is (the test suite's, or a fleet planned as one reference host); --recalibrate still
+     * measures. The cores planned for and the memory checked stay this host's. */
+    const char *pinned = getenv("SLIDEDP_HOST_CALIB");
+    if (pinned && pinned[0] && !force_measure) {
+        if (!load_host(pinned, 0, &c->host, NULL))
+            return sd_err("%s ($SLIDEDP_HOST_CALIB): not a host calibration file of version %d (a calib-<host>.json "
+                          "the planner writes)",
+                          pinned, CALIB_VERSION);
+        c->host_source = CALIB_PINNED;
+        snprintf(c->host_file, sizeof c->host_file, "%s", pinned);
+        return 0;
+    }
     snprintf(path, sizeof path, "%s/calib-%s.json", dir, c->hostname);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (!force_measure && load_host(path, ncpu < 1 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : (int)ncpu, &c->host, NULL)) {

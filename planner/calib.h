@@ -103,13 +103,14 @@ enum calib_source {
     CALIB_MEASURED = 1, /* measured by this process */
     CALIB_CACHED = 2,   /* measured earlier on this host, read from the cache file */
     CALIB_FILE = 3,     /* read from a GPU calibration file */
+    CALIB_PINNED = 4,   /* this host's rates replaced by $SLIDEDP_HOST_CALIB's file */
 };
 
 struct calib {
     char hostname[64];
     struct calib_host host;
-    int host_source;                 /* CALIB_MEASURED, CALIB_CACHED or CALIB_FILE (a described host;
-                                      * CALIB_ASSUMED in tests) */
+    int host_source;                 /* CALIB_MEASURED, CALIB_CACHED, CALIB_PINNED or CALIB_FILE (a
+                                      * described host; CALIB_ASSUMED in tests) */
     char host_file[CALIB_PATH_MAX];  /* the cache file, "" if none could be written */
     struct calib_gpu gpu;
     uint32_t gpu_from_file;          /* bit i: calib_gpu_fields[i] came from gpu_file */
@@ -120,8 +121,8 @@ struct calib {
 /* The next calib_load measures the host again and rewrites the cache (--recalibrate). */
 void calib_force_measure(void);
 
-/* Fills c for this host: the cached host rates (measuring and caching them when missing, stale or
- * forced), the GPU file or defaults, MemAvailable. */
+/* Fills c for this host: the host rates of $SLIDEDP_HOST_CALIB's file when set, else the cached ones
+ * (measuring and caching them when missing, stale or forced), the GPU file or defaults, MemAvailable. */
 int calib_load(struct calib *c);
 
 /* Fills c for a host described by a calibration file instead of this one (slidedp-plan

@@ -35,6 +35,7 @@ static const char *source_name(int src)
     return src == CALIB_MEASURED ? "measured now"
            : src == CALIB_CACHED ? "measured earlier (cache)"
            : src == CALIB_FILE   ? "a described host (--host-calib)"
+           : src == CALIB_PINNED ? "pinned ($SLIDEDP_HOST_CALIB)"
                                  : "assumed";
 }
 
@@ -562,6 +563,7 @@ static cJSON *calibration_json(const struct calib *cal)
     cJSON_AddStringToObject(ch, "hostname", cal->hostname);
     cJSON_AddStringToObject(ch, "source", cal->host_source == CALIB_MEASURED ? "measured"
                                           : cal->host_source == CALIB_FILE   ? "described"
+                                          : cal->host_source == CALIB_PINNED ? "pinned"
                                                                              : "cached");
     cJSON_AddStringToObject(ch, "file", cal->host_file);
     cJSON_AddNumberToObject(ch, "ncpu", cal->host.ncpu);

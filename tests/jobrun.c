@@ -21,9 +21,6 @@ char jobs_dir[1024];
 void jobs_setup(const char *tag)
 {
     snprintf(jobs_dir, sizeof jobs_dir, "%s", tu_tmpdir(0, tag));
-    char cache[1100];
-    snprintf(cache, sizeof cache, "%s/calib", jobs_dir);
-    setenv("SLIDEDP_CACHE_DIR", cache, 1);
     char *out = NULL;
     if (tu_sh(&out, "%s copy --out %s/data --seq-len 64 --train 2000 --val 64 --seed 3", tu_bin("slidedp-data"),
               jobs_dir) != 0)
@@ -38,7 +35,7 @@ void write_job_as(const struct variant *v, const char *name, int steps, const ch
     snprintf(text, sizeof text,
              "[model]\npath = %s\ninit = random\n"
              "[data]\ntrain = ../data/train.bin\nseq_len = 64\n%s"
-             "[train]\nmicro_batch = 4\ngrad_accum = %d\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
+             "[train]\nmicro_batch = 2\ngrad_accum = %d\nsteps = %d\nlr = 3e-3\nwarmup = 5\nweight_decay = 0.01\n"
              "grad_clip = %s\nseed = 7\n%s"
              "[checkpoint]\ndir = ckpt\nexport_dtype = fp32\n%s\n"
              "[runtime]\ndevice = cpu\ngpus = %d\noptim_threads = 3\nweights_source = %s\n%s%s"

@@ -29,9 +29,9 @@ struct variant {
                                  * planner's choice of source */
 };
 
-/* Makes jobs_dir (a scratch dir named after tag), its data (copy task: 2000 training and 64
- * validation sequences of 64 tokens) and its own calibration cache, which the first launcher
- * fills: what other tests measure meanwhile cannot change the plans compared here. */
+/* Makes jobs_dir (a scratch dir named after tag) and its data (copy task: 2000 training and 64
+ * validation sequences of 64 tokens). The launchers plan with the pinned host rates of
+ * $SLIDEDP_HOST_CALIB (tests/meson.build), so nothing measured here changes the plans compared. */
 void jobs_setup(const char *tag);
 /* A job in its own folder (log, checkpoints): steps, the variant, extra [checkpoint] lines. */
 void write_job_as(const struct variant *v, const char *name, int steps, const char *extra);

@@ -6,7 +6,9 @@ is one line on stderr and exit 2; the programs that take job.ini overrides say h
 paths resolve. A resumed job's header names the checkpoint its weights come from, never "random init"
 (a tiny random-init job trains 2 steps, seed 1234, then 2 more from its step-2 checkpoint), and the
 paths the launcher prints are shown from the current directory when they lie under it; slidedp-plan
-says "does not fit" and exits 2 when no plan fits the GPU memory."""
+says "does not fit" and exits 2 when no plan fits the GPU memory. The host calibration is measured once
+into the cache and read from it after; $SLIDEDP_HOST_CALIB (which pins every other test's plans) replaces
+it, and a file that is no calibration is one line and exit 2."""
 import json
 import os
 import shutil
@@ -66,6 +68,28 @@ def check_plan_does_not_fit(scratch):
           f"slidedp-plan with gpu_mem = 1M: exit {p.returncode}, {p.stderr.strip()!r}")
 
 
+def check_calibration(scratch):
+    plan = [os.path.join(BUILD, "slidedp-plan"), "job.ini"]
+    env = dict(os.environ, SLIDEDP_CACHE_DIR=os.path.join(scratch, "cache"))
+    env.pop("SLIDEDP_HOST_CALIB", None)
+    first = run(plan, cwd=scratch, env=env)
+    cached = [f for f in os.listdir(env["SLIDEDP_CACHE_DIR"]) if f.startswith("calib-")]
+    check(first.returncode == 0 and ": measured now, " in first.stdout and len(cached) == 1,
+          f"an empty cache: the host is measured and cached ({cached})")
+    second = run(plan, cwd=scratch, env=env)
+    check(second.returncode == 0 and ": measured earlier (cache), " in second.stdout,
+          "the next plan reads the cache")
+    pinned_file = os.path.join(SOURCE, "tests", "fixtures", "calib-host.json")
+    pinned = run(plan, cwd=scratch, env=dict(env, SLIDEDP_HOST_CALIB=pinned_file))
+    memcpy = json.load(open(pinned_file))["memcpy_bw"][0][1]
+    check(pinned.returncode == 0 and "(2 cpus): pinned ($SLIDEDP_HOST_CALIB), " in pinned.stdout
+          and f"memcpy    1 thr {memcpy / 1e9:.1f} GB/s;" in pinned.stdout,
+          f"$SLIDEDP_HOST_CALIB: its rates ({memcpy / 1e9:.1f} GB/s memcpy on 1 thread)")
+    bad = run(plan, cwd=scratch, env=dict(env, SLIDEDP_HOST_CALIB=os.path.join(scratch, "job.ini")))
+    check(bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a host calibration file" in bad.stderr,
+          f"$SLIDEDP_HOST_CALIB naming job.ini: exit {bad.returncode}, {bad.stderr.strip()!r}")
+
+
 def check_resume_header(scratch):
     data = os.path.join(scratch, "data")
     p = run([os.path.join(BUILD, "slidedp-data"), "copy", "--out", data, "--seq-len", "32", "--train", "256",
@@ -100,6 +124,7 @@ def main():
         check_programs()
         check_resume_header(scratch)
         check_plan_does_not_fit(scratch)
+        check_calibration(scratch)
     finally:
         shutil.rmtree(scratch)
     sys.exit(1 if failures else 0)

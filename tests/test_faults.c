@@ -7,7 +7,6 @@
 #include "tests/jobrun.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,23 +332,6 @@ static void test_evicting_chunks(void **state)
     }
 }
 
-/* The host calibration file the first launcher measured into the test's cache (see main). */
-static void calibration_path(char *out, size_t len)
-{
-    char cache[1100];
-    snprintf(cache, sizeof cache, "%s/calib", jobs_dir);
-    DIR *d = opendir(cache);
-    struct dirent *e;
-    out[0] = 0;
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, "calib-", 6) && strncmp(e->d_name, "calib-gpu-", 10) && strstr(e->d_name, ".json"))
-            snprintf(out, len, "%s/%s", cache, e->d_name);
-    if (d)
-        closedir(d);
-    if (!out[0])
-        fail_msg("no host calibration in %s", cache);
-}
-
 /* Writes the calibration `text` as measured on a host `factor` times slower: times multiplied,
  * rates divided. By a power of two the predictions scale exactly, so the plan's choices stay. */
 static void write_calibration(const char *path, const char *text, double factor)
@@ -379,10 +361,13 @@ static void write_calibration(const char *path, const char *text, double factor)
 static void test_launcher_kills(void **state)
 {
     write_job("kill-launcher", 120, "");
-    char job[32], calib[1400];
+    char job[32], calib[1400], pinned[1100];
     job_name_of("kill-launcher", job, sizeof job);
-    calibration_path(calib, sizeof calib);
-    char *measured = tu_read_file(calib, NULL);
+    snprintf(pinned, sizeof pinned, "%s", getenv("SLIDEDP_HOST_CALIB"));
+    snprintf(calib, sizeof calib, "%s/calib-slower.json", jobs_dir);
+    char *measured = tu_read_file(pinned, NULL);
+    assert_non_null(measured);
+    setenv("SLIDEDP_HOST_CALIB", calib, 1);
     int rc = -1;
     for (int round = 0; round < 4; round++) {
         write_calibration(calib, measured, (double)(1 << round));
@@ -400,7 +385,7 @@ static void test_launcher_kills(void **state)
         /* the state outlives the launcher */
         assert_int_equal(tu_shm_objects(job), 4);
     }
-    tu_write_file(calib, measured);
+    setenv("SLIDEDP_HOST_CALIB", pinned, 1);
     free(measured);
     if (rc != 0)
         show_log("kill-launcher");
@@ -511,16 +496,20 @@ static void test_early_sigterm(void **state)
     }
     printf("# %d of %zu signals arrived after the launcher held SIGTERM\n", held_count,
            sizeof delays_ms / sizeof delays_ms[0]);
-    /* while it calibrates the host (seconds, with an empty calibration cache) */
-    const char *cache = getenv("SLIDEDP_CACHE_DIR");
-    char saved[1100], fresh[1300];
-    snprintf(saved, sizeof saved, "%s", cache);
+    /* while it calibrates the host (seconds: no pinned rates, an empty calibration cache), with
+     * OpenBLAS's threads started before main as a user's launcher has them (the kernel hands a
+     * signal that main holds to one of them, whose default action killed the launcher: exit 143) */
+    char pinned[1100], fresh[1300];
+    snprintf(pinned, sizeof pinned, "%s", getenv("SLIDEDP_HOST_CALIB"));
     snprintf(fresh, sizeof fresh, "%s/calib-early", jobs_dir);
     tu_rmrf(fresh);
     setenv("SLIDEDP_CACHE_DIR", fresh, 1);
+    unsetenv("SLIDEDP_HOST_CALIB");
+    unsetenv("OPENBLAS_NUM_THREADS");
     write_job("early", 120, "");
     pid_t pid = start_launcher("early", NULL);
-    setenv("SLIDEDP_CACHE_DIR", saved, 1);
+    setenv("SLIDEDP_HOST_CALIB", pinned, 1);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     /* at least this one signal surely arrives after the launcher took SIGTERM in hand */
     for (int waited_ms = 0; !launcher_holds_sigterm(pid); waited_ms++) {
         if (waited_ms > 60000 || waitpid(pid, NULL, WNOHANG) == pid)
@@ -609,11 +598,10 @@ int main(void)
 {
     rng = tu_seed("faults", (uint64_t)20261202);
     snprintf(jobs_dir, sizeof jobs_dir, "%s", tu_tmpdir(0, "faults"));
-    /* The launchers plan with a calibration of their own, measured once by the first: what others
-     * measure meanwhile cannot change the plans the runs here are compared under. */
-    char cache[1100];
-    snprintf(cache, sizeof cache, "%s/calib", jobs_dir);
-    setenv("SLIDEDP_CACHE_DIR", cache, 1);
+    /* The launchers plan with the pinned host rates of $SLIDEDP_HOST_CALIB (tests/meson.build); a
+     * test that measures or alters them uses a cache or file of its own. */
+    if (!getenv("SLIDEDP_HOST_CALIB"))
+        fail_msg("SLIDEDP_HOST_CALIB is not set (run through meson test)");
     char *out = NULL;
     if (tu_sh(&out, "%s copy --out %s/data --seq-len 64 --train 2000 --seed 3", tu_bin("slidedp-data"), jobs_dir) != 0)
         fail_msg("slidedp-data failed: %s", out);
