@@ -1,9 +1,9 @@
 #!/bin/bash
-# Document attention (issue 30) on a GPU host, run from the repo root with the fixtures of
-# tests/fixtures/*_docs in place: builds (bench/gpu_build.sh), then
+# Document attention (issue 30) on a GPU host, run from the repo root: builds (bench/gpu_build.sh),
+# then
 #   1. the CUDA op parity test, document cases included (cuDNN where it loads, then the built-in
-#      kernels alone), and tests/test_docattn.c's fixtures on CUDA, deterministic and not (the fixtures
-#      from tests/fixtures/gen_doc_fixtures.py must be in tests/fixtures/ before the build configures);
+#      kernels alone), and tests/test_docattn.c's fixtures (tests/fixtures/*_docs) on CUDA,
+#      deterministic and not;
 #   2. the attention kernels alone at Qwen3-1.7B's shape (B=2 T=4096, 16 query heads, 8 kv, D=128),
 #      document attention against dense causal attention for several length mixes (bench_attention);
 #   3. step time of the Qwen3-1.7B job (seq 4096, 2 sequences per micro-step, 8 micro-steps) on one
