@@ -39,7 +39,7 @@ if wanted calibrate && [ "$(left 90)" -ge 60 ]; then
     job qwen3-1.7b 1
     timeout "$(left 90)" "$build/slidedp-plan" "$w/job.ini" --recalibrate --json > "$out/calibration.json" 2>&1
     log "calibrated: $(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['calibration']['host']; \
-print({k: c[k][-1] for k in ('adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate')})" "$out/calibration.json" 2>&1)"
+print({k: c[k][-1] for k in ('adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')})" "$out/calibration.json" 2>&1)"
 fi
 
 : > "$out/issue32.results"

@@ -113,8 +113,9 @@ static double trimmed_mean(double *t, int n)
 
 /* Work split over threads that start together: each copies or updates its slice, with fp32 m and
  * v (and the bf16 copy written), or with bf16 or 8-bit m and v as their optimizer runs them (bf16
- * gradients widened, stochastic rounding, no copy: the weights streamed from the master). */
-enum { PAR_MEMCPY, PAR_ADAMW, PAR_ADAMW_BF16, PAR_ADAMW_8BIT };
+ * gradients widened, stochastic rounding, no copy: the weights streamed from the master), or squares
+ * its slice of a bf16 gradient for the norm. */
+enum { PAR_MEMCPY, PAR_ADAMW, PAR_ADAMW_BF16, PAR_ADAMW_8BIT, PAR_SUMSQ_BF16 };
 struct par_job {
     int kind;
     int threads;
@@ -124,6 +125,7 @@ struct par_job {
     enum adamw_isa isa;
     pthread_barrier_t barrier;
     double start[MAX_THREADS], end[MAX_THREADS];
+    double sink[MAX_THREADS]; /* the sums of squares, kept so that they are computed */
 };
 
 struct par_arg {
@@ -149,6 +151,15 @@ static void *par_thread(void *arg)
     j->start[pa->index] = now_s();
     if (j->kind == PAR_MEMCPY) {
         memcpy(j->b + off, j->a + off, n * sizeof(float));
+    } else if (j->kind == PAR_SUMSQ_BF16) { /* as optimizer/optim.c sumsq_lane: widened block by block */
+        const uint16_t *g16 = (const uint16_t *)j->c;
+        double total = 0;
+        for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
+            size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
+            bf16_to_f32_n(stage, g16 + i, k);
+            total += sumsq_f32(j->isa, stage, k);
+        }
+        j->sink[pa->index] = total;
     } else if (j->kind == PAR_ADAMW) {
         for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
             size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
@@ -260,6 +271,7 @@ static int measure_memory(struct calib_host *h)
     thread_points(h->ncpu, &h->adamw_rate);
     thread_points(h->ncpu, &h->adamw_bf16_rate);
     thread_points(h->ncpu, &h->adamw_8bit_rate);
+    thread_points(h->ncpu, &h->sumsq_bf16_rate);
     j->n = n; /* 64 MiB copied, 16M parameters updated */
     for (int i = 0; i < h->memcpy_bw.n; i++) {
         double t[3];
@@ -280,6 +292,10 @@ static int measure_memory(struct calib_host *h)
         for (int r = 0; r < 3; r++)
             t[r] = par_run(j);
         h->adamw_8bit_rate.value[i] = (double)n / median(t, 3);
+        j->kind = PAR_SUMSQ_BF16;
+        for (int r = 0; r < 3; r++)
+            t[r] = par_run(j);
+        h->sumsq_bf16_rate.value[i] = (double)n / median(t, 3);
     }
     free(j);
     free(buf);
@@ -650,6 +666,7 @@ static int save_host(const char *path, const char *hostname, const struct calib_
     cJSON_AddItemToObject(o, "adamw_rate", curve_json(&h->adamw_rate));
     cJSON_AddItemToObject(o, "adamw_bf16_rate", curve_json(&h->adamw_bf16_rate));
     cJSON_AddItemToObject(o, "adamw_8bit_rate", curve_json(&h->adamw_8bit_rate));
+    cJSON_AddItemToObject(o, "sumsq_bf16_rate", curve_json(&h->sumsq_bf16_rate));
     cJSON_AddNumberToObject(o, "wake_s", h->wake_s);
     cJSON *c = cJSON_AddObjectToObject(o, "cpu_backend");
     cJSON_AddNumberToObject(c, "gemm_flops", h->cpu.gemm_flops);
@@ -717,6 +734,8 @@ static bool load_host(const char *path, int ncpu, struct calib_host *h, cJSON **
         for (int i = 0; i < h->adamw_8bit_rate.n; i++)
             h->adamw_8bit_rate.value[i] *= CALIB_8BIT_PER_BF16;
     }
+    if (ok && !curve_parse(cJSON_GetObjectItemCaseSensitive(o, "sumsq_bf16_rate"), &h->sumsq_bf16_rate))
+        h->sumsq_bf16_rate.n = 0; /* calibrated before it was measured: the squaring priced by its bytes */
     h->ncpu = (int)n;
     if (o_out)
         *o_out = o;

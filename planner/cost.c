@@ -624,6 +624,8 @@ struct rates {
     double host_bw; /* host memory traffic, bytes/s (a copy moves each byte twice) */
     double h2d_fwd, h2d_bwd, d2h;
     double reduce_bw; /* per optimizer process, bytes of traffic/s (reductions run as gradients land) */
+    double sumsq16;   /* per optimizer process, params/s squaring a bf16 gradient (widening it, summing in
+                       * double); 0 when calibration did not measure it */
     /* per optimizer process: beside the workers' threads (`update`), and while the gradient copies
      * are in flight, when each CUDA worker's poster thread holds a core too (`update_bwd`) */
     struct update_rates update, update_bwd;
@@ -668,8 +670,11 @@ static struct rates rates_of(const struct cost_case *mc)
     int busy_bwd = mc->job->device == DEVICE_CPU ? G : 2 * G;
     r.update = update_rates_on(cal, p, mc->host_cpus - G);
     r.update_bwd = update_rates_on(cal, p, mc->host_cpus - busy_bwd);
-    r.reduce_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, optim_threads_on(p, mc->host_cpus - busy_bwd)) /
-                  p->optim_procs;
+    int reduce_threads = optim_threads_on(p, mc->host_cpus - busy_bwd);
+    r.reduce_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, reduce_threads) / p->optim_procs;
+    r.sumsq16 = cal->host.sumsq_bf16_rate.n > 0
+                    ? calib_curve_at(&cal->host.sumsq_bf16_rate, reduce_threads) / p->optim_procs
+                    : 0;
     return r;
 }
 
@@ -819,6 +824,10 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
          * with the state sharded across hosts this host sums and updates its 1/H of the chunk */
         double owned = (double)ch->numel / SH;
         s->reduce[c] = owned * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / rt->reduce_bw / (gpu_grads ? G : 1);
+        /* squaring the bf16 accumulator widens it and sums in double: compute, which calibration
+         * measured (sumsq_bf16_rate), not only its bytes */
+        if (s->direct && s->bf16_grads && s->sumsq_bytes > 0 && rt->sumsq16 > 0)
+            s->reduce[c] = fmax(s->reduce[c], owned / rt->sumsq16 / (gpu_grads ? G : 1));
         s->update[c] = update_s(s, &rt->update, owned, s->bytes_fwd[c]);
         s->update_bwd[c] = update_s(s, &rt->update_bwd, owned, s->bytes_fwd[c]);
         if (H > 1) {

@@ -277,6 +277,43 @@ static void test_norm_in_update_reads_nothing(void **state)
     }
 }
 
+/* Squaring the bf16 accumulator for the global norm (after the backward, which clipping needs)
+ * widens each block and sums it in double: compute, priced at the calibrated sumsq_bf16_rate when it
+ * is slower than the pass's 2 bytes per parameter at the copy rate. Here 1 thread at 1 M params/s:
+ * the optimizer's work grows by every parameter's squaring at that rate less its bytes' time (at
+ * 1 thread on 8 cores the backward's 6 free cores do not bind: 20 GB/s of traffic). A calibration
+ * without the curve prices the bytes alone; fp32 gradients are squared in place, and the update
+ * during the backward squares as it reads (no pass): neither changes. */
+static void test_norm_pass_at_calibrated_rate(void **state)
+{
+    struct model_config cfg = tiny(4);
+    static struct calib slow;
+    slow = test_calib();
+    slow.host.sumsq_bf16_rate = (struct calib_curve){1, {1}, {1e6}};
+    for (int k = 0; k < 3; k++) {
+        struct job_config job = job_of(DEVICE_CUDA, 1, 2, 8, 1);
+        job.grad_dtype = k == 1 ? GRAD_FP32 : GRAD_BF16;
+        job.grad_clip = k == 2 ? 0 : 1.0;
+        struct plan p = hand_plan(1, 6, 4, 1, k == 2 ? UPDATE_DURING_BACKWARD : UPDATE_AFTER_BACKWARD);
+        struct layout lay;
+        struct step_pred bytes, rate;
+        price_plan(&cfg, &job, &p, &lay, &bytes, NULL, NULL);
+        int owner[64];
+        plan_assign_owners(&lay, p.optim_procs, owner);
+        struct cost_case mc = {.job = &job, .cfg = &cfg, .lay = &lay, .plan = &p, .owner = owner, .cal = &slow,
+                               .host_cpus = 8};
+        cost_step(&mc, &rate);
+        double N = (double)lay.total_numel;
+        layout_free(&lay);
+        double want = k == 0 ? N / 1e6 - N * 2 / 20e9 : 0;
+        printf("# %s gradients, %s: optimizer %.6f ms by bytes, %.6f ms at the calibrated rate (expect +%.6f)\n",
+               k == 1 ? "fp32" : "bf16", k == 2 ? "during the backward" : "after the backward", bytes.optim_s * 1e3,
+               rate.optim_s * 1e3, want * 1e3);
+        assert_true(fabs(rate.optim_s - bytes.optim_s - want) < 1e-9 * rate.optim_s);
+        assert_true(k != 0 || rate.step_s > bytes.step_s + 0.5 * want);
+    }
+}
+
 /* While the gradient copies are in flight a CUDA worker holds two cores: its thread and the poster,
  * whose cudaEventSynchronize spins (CUDA's default schedule). So on 8 cores with one GPU, an
  * optimizer of 7 threads updates during the backward at 6 threads' rate and after it at 7's: its
@@ -1453,6 +1490,7 @@ int main(void)
         cmocka_unit_test(test_hosts_one_as_before),
         cmocka_unit_test(test_norm_in_update_reads_nothing),
         cmocka_unit_test(test_poster_core_in_backward),
+        cmocka_unit_test(test_norm_pass_at_calibrated_rate),
         cmocka_unit_test(test_issue32_overlap_plans),
         cmocka_unit_test(test_hosts_qwen72b_described),
         cmocka_unit_test(test_qwen3_14b_8bit_fits),
