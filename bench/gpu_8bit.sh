@@ -39,7 +39,8 @@ if wanted calibrate && [ "$(left 90)" -ge 60 ]; then
     job qwen3-1.7b 1
     timeout "$(left 90)" "$build/slidedp-plan" "$w/job.ini" --recalibrate --json > "$out/calibration.json" 2>&1
     log "calibrated: $(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['calibration']['host']; \
-print({k: c[k][-1] for k in ('adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')})" "$out/calibration.json" 2>&1)"
+print({k: c[k][-1] for k in ('adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')})" \
+    "$out/calibration.json" 2>&1)"
 fi
 
 : > "$out/issue32.results"
@@ -199,5 +200,6 @@ for g, rs in sorted(groups.items()):
     for r in sorted(rs, key=lambda r: r["measured"]):
         e, f = (100 * (r[k] / r["measured"] - 1) for k in ("predicted", "predicted_file"))
         print(f"  {r['name']:28} {r['measured']:.3f} s  predicted {r['predicted']:.3f} ({e:+.1f}%)  "
-              f"h200-host.json {r['predicted_file']:.3f} ({f:+.1f}%){'  <-- over 15%' if max(abs(e), abs(f)) > 15 else ''}")
+              f"h200-host.json {r['predicted_file']:.3f} ({f:+.1f}%)"
+              f"{'  <-- over 15%' if max(abs(e), abs(f)) > 15 else ''}")
 PY

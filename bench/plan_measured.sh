@@ -35,7 +35,8 @@ print(f\"{sys.argv[1]:44} {sys.argv[2]:>8} {t:9.4f} {err}  {p['weights_source']}
 " "$name" "$measured"
 }
 # issue 32: Qwen3-1.7B, 8k, bf16 gradients, one call
-row "issue 32: master after, 1x15, no clipping" 0.636 runtime.grad_dtype=bf16 train.grad_clip=0 runtime.weights_source=master
+row "issue 32: master after, 1x15, no clipping" 0.636 runtime.grad_dtype=bf16 train.grad_clip=0 \
+    runtime.weights_source=master
 row "issue 32: during the backward, 1x14" 0.548 runtime.grad_dtype=bf16 train.grad_clip=0 \
     runtime.update_mode=during_backward $k1
 row "issue 32: auto, clipping" 0.690 runtime.grad_dtype=bf16
@@ -60,7 +61,8 @@ for mem in auto 24G; do
     for mb in 1 2 4; do
         m=$(case $mem$mb in auto1) echo 0.731 ;; auto2) echo 0.804 ;; auto4) echo 0.819 ;; 24G1) echo 0.728 ;;
             24G2) echo 0.682 ;; 24G4) echo 0.835 ;; esac)
-        row "§4.1 micro-batch $mb, gpu_mem $mem" "$m" train.micro_batch=$mb runtime.gpu_mem=$mem runtime.weights_source=bf16_copy
+        row "§4.1 micro-batch $mb, gpu_mem $mem" "$m" train.micro_batch=$mb runtime.gpu_mem=$mem \
+            runtime.weights_source=bf16_copy
     done
 done
 c24="runtime.gpu_mem=24G runtime.weights_source=bf16_copy"
