@@ -12,6 +12,11 @@
 # Needs .gpudeps/ as gpu_build.sh's header says. ONLY="name ..." runs just those runs; DEADLINE
 # caps the call's seconds (default 530; runs that would not fit are skipped, most important first).
 # With NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already.
+# GRID=17 or GRID=8 runs instead the plan grid of Qwen3-1.7B or Qwen3-8B at 8k (one call each, after
+# the calibration): without and with clipping, the auto plan beside each update mode x weights
+# source x optimizer processes and threads the engine accepts; the summary gives, per group, the
+# fastest measured plan and how far auto is from it (goal: within 5%), and every plan's prediction
+# from this host's calibration and from examples/h200-host.json against its step (goal: within 15%).
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/issue32
 rm -rf "$w" && mkdir -p "$w"
@@ -21,7 +26,9 @@ log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); $(free -g | grep
 random_tokens "$w/train.bin" 2000000
 deadline=${DEADLINE:-530}
 left() { local l=$((deadline - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+# with GRID set, the calibration and that grid's runs (g17_*, g8_*) unless ONLY names others
+[ -n "${GRID:-}" ] && : "${ONLY:=calibrate}"
+wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]] || [[ -n "${GRID:-}" && "$1" == g${GRID}_* ]]; }
 
 # job MODEL STEPS (gpu_build.sh host_job); the runs add bf16 gradients
 job() { host_job "$w" "$@"; }
@@ -32,7 +39,8 @@ if wanted calibrate && [ "$(left 90)" -ge 60 ]; then
     job qwen3-1.7b 1
     timeout "$(left 90)" "$build/slidedp-plan" "$w/job.ini" --recalibrate --json > "$out/calibration.json" 2>&1
     log "calibrated: $(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['calibration']['host']; \
-print({k: c[k][-1] for k in ('adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate')})" "$out/calibration.json" 2>&1)"
+print({k: c[k][-1] for k in ('adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')})" \
+    "$out/calibration.json" 2>&1)"
 fi
 
 : > "$out/issue32.results"
@@ -45,6 +53,8 @@ run() {
     [ "$limit" -lt 30 ] && { log "$name: skipped (no time left)"; return; }
     rm -rf "$w/log" "$w/ckpt"
     "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json > "$out/$name.plan.json" 2> "$out/$name.plan.err"
+    "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json --host-calib examples/h200-host.json \
+        > "$out/$name.plan_file.json" 2> /dev/null
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/${name}_gpu.log" 2>&1 &
     local smi=$!
     timeout "$limit" "$build/slidedp-launch" "$w/job.ini" $bf16g "$@" > "$out/$name.log" 2>&1 &
@@ -83,11 +93,18 @@ try:
     params, planned = plan["job"]["params"], plan["host_memory"]["total"]
     largest = {k: v["largest_model"]["layers"] for k, v in plan["host_memory"]["modes"].items()}
     fits = "does not fit" not in open(f"{out}/{name}.plan.err").read()
+    chosen = plan["plan"]
+    chosen = f"{chosen['weights_source']} {chosen['update_mode']} {chosen['optim_procs']}x{chosen['optim_threads']}"
 except (OSError, ValueError, KeyError):
-    params, planned, largest, fits = float("nan"), float("nan"), {}, False
+    params, planned, largest, fits, chosen = float("nan"), float("nan"), {}, False, ""
+try:
+    predicted_file = json.load(open(f"{out}/{name}.plan_file.json"))["predicted"]["step_s"]
+except (OSError, ValueError, KeyError):
+    predicted_file = float("nan")
 err = [l.strip() for l in lines(f"{out}/{name}.log") if "slidedp-launch:" in l][:1]
 print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"),
                   "predicted": rows[0]["predicted_step_s"] if rows else float("nan"),
+                  "predicted_file": predicted_file, "plan": chosen,
                   "peak_host": max(host) if host else float("nan"), "peak_gpu_mib": max(gpu) if gpu else float("nan"),
                   "params": params, "planned_host": planned, "plan_fits": fits, "largest_layers": largest,
                   "losses": [r["loss"] for r in rows], "norms": [r["grad_norm"] for r in rows], "killed": killed,
@@ -105,6 +122,33 @@ job qwen3-8b 4
 for st in 8bit bf16 fp32; do run q8_$st 60 none train.optimizer_state=$st; done
 job qwen3-1.7b 12
 for st in 8bit bf16 fp32; do run q17_$st 30 none train.optimizer_state=$st; done
+# The plan grid (GRID=17 or GRID=8): per group (model, clipping), auto and every combination of
+# weights source x update mode x optimizer processes and threads the engine accepts (the update
+# during the backward needs the bf16 copy and no clipping). The copy of the 8B shape needs more
+# host memory than the host has, so its grid streams the master.
+grid() { # TAG STEPS SECONDS
+    local tag=$1 steps=$2 secs=$3 clip src mode kt
+    job "$( [ "$tag" = 17 ] && echo qwen3-1.7b || echo qwen3-8b)" "$steps"
+    for clip in nc c; do
+        local ca=$([ $clip = nc ] && echo train.grad_clip=0)
+        run g${tag}_${clip}_auto "$secs" none $ca
+        for src in master bf16_copy; do
+            [ "$tag" = 8 ] && [ $src = bf16_copy ] && continue
+            for mode in after_backward during_backward; do
+                [ $mode = during_backward ] && { [ $clip = c ] || [ $src = master ]; } && continue
+                for kt in 1x15 1x14 2x7; do
+                    run g${tag}_${clip}_${src%%_*}_${mode%%_*}_$kt "$secs" none $ca runtime.weights_source=$src \
+                        runtime.update_mode=$mode runtime.optim_procs=${kt%x*} runtime.optim_threads=${kt#*x}
+                done
+            done
+        done
+    done
+}
+if [ -n "${GRID:-}" ]; then
+    [ "$GRID" = 17 ] && grid 17 12 30
+    [ "$GRID" = 8 ] && grid 8 4 75
+fi
+
 # the update's rate per state on this host's threads (the optimizer's cores: all but one)
 if wanted bench_optim && [ "$(left 40)" -ge 30 ]; then
     timeout "$(left 40)" "$build/bench_optim" 128 "$(($(nproc) - 1))" > "$out/bench_optim.log" 2>&1
@@ -115,14 +159,14 @@ python3 - "$out/issue32.results" <<'PY' | tee -a "$out/summary.log"
 import json, sys
 rows = {r["name"]: r for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))}
 G = 1024 ** 3
-print(f"| {'run':14} | {'exit':>4} | {'step s':>7} | {'predicted':>9} | {'error':>7} | {'host GiB':>8} | {'B/param':>7} | "
+print(f"| {'run':28} | {'exit':>4} | {'step s':>7} | {'predicted':>9} | {'error':>7} | {'host GiB':>8} | {'B/param':>7} | "
       f"{'planned':>7} | {'GPU GiB':>7} | largest layers fp32/bf16/8bit |")
-print(f"|{'-'*16}|{'-'*6}|{'-'*9}|{'-'*11}|{'-'*9}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*9}|{'-'*32}|")
+print(f"|{'-'*30}|{'-'*6}|{'-'*9}|{'-'*11}|{'-'*9}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*9}|{'-'*32}|")
 for r in rows.values():
     m, p = r["measured"], r["predicted"]
     err = 100 * (p - m) / m if m == m and m else float("nan")
     ll = r["largest_layers"]
-    print(f"| {r['name']:14} | {r['rc']:4} | {m:7.3f} | {p:9.3f} | {err:+6.1f}% | {r['peak_host'] / G:8.2f} | "
+    print(f"| {r['name']:28} | {r['rc']:4} | {m:7.3f} | {p:9.3f} | {err:+6.1f}% | {r['peak_host'] / G:8.2f} | "
           f"{r['peak_host'] / r['params']:7.2f} | {r['planned_host'] / r['params']:7.2f} | {r['peak_gpu_mib'] / 1024:7.2f} | "
           f"{ll.get('fp32', '-')}/{ll.get('bf16', '-')}/{ll.get('8bit', '-')} |")
 for r in rows.values():
@@ -141,4 +185,21 @@ if a and b:
     for s, (x, y) in enumerate(zip(a["losses"], b["losses"]), 1):
         print(f"  step {s}: {x!r} {y!r}{'' if x == y else '  <-- differs'}")
     print(f"q14 plan: fits {a['plan_fits']}, host {a['planned_host'] / a['params']:.3f} B/param planned")
+# the plan grid: per group, auto against the fastest measured plan, and every prediction
+groups = {}
+for r in rows.values():
+    if r["name"].startswith("g") and r["rc"] == 0 and r["measured"] == r["measured"]:
+        groups.setdefault("_".join(r["name"].split("_")[:2]), []).append(r)
+for g, rs in sorted(groups.items()):
+    best = min(rs, key=lambda r: r["measured"])
+    auto = [r for r in rs if r["name"].endswith("_auto")]
+    print(f"grid {g}: fastest {best['name']} {best['measured']:.3f} s ({best['plan']})")
+    for r in auto:
+        print(f"  auto ({r['plan']}) {r['measured']:.3f} s: {100 * (r['measured'] / best['measured'] - 1):+.1f}% "
+              f"from the fastest (goal within 5%)")
+    for r in sorted(rs, key=lambda r: r["measured"]):
+        e, f = (100 * (r[k] / r["measured"] - 1) for k in ("predicted", "predicted_file"))
+        print(f"  {r['name']:28} {r['measured']:.3f} s  predicted {r['predicted']:.3f} ({e:+.1f}%)  "
+              f"h200-host.json {r['predicted_file']:.3f} ({f:+.1f}%)"
+              f"{'  <-- over 15%' if max(abs(e), abs(f)) > 15 else ''}")
 PY

@@ -114,8 +114,9 @@ static double trimmed_mean(double *t, int n)
 
 /* Work split over threads that start together: each copies or updates its slice, with fp32 m and
  * v (and the bf16 copy written), or with bf16 or 8-bit m and v as their optimizer runs them (bf16
- * gradients widened, stochastic rounding, no copy: the weights streamed from the master). */
-enum { PAR_MEMCPY, PAR_ADAMW, PAR_ADAMW_BF16, PAR_ADAMW_8BIT };
+ * gradients widened, stochastic rounding, no copy: the weights streamed from the master), or squares
+ * its slice of a bf16 gradient for the norm. */
+enum { PAR_MEMCPY, PAR_ADAMW, PAR_ADAMW_BF16, PAR_ADAMW_8BIT, PAR_SUMSQ_BF16 };
 struct par_job {
     int kind;
     int threads;
@@ -125,6 +126,7 @@ struct par_job {
     enum adamw_isa isa;
     pthread_barrier_t barrier;
     double start[MAX_THREADS], end[MAX_THREADS];
+    double sink[MAX_THREADS]; /* the sums of squares, kept so that they are computed */
 };
 
 struct par_arg {
@@ -150,6 +152,15 @@ static void *par_thread(void *arg)
     j->start[pa->index] = now_s();
     if (j->kind == PAR_MEMCPY) {
         memcpy(j->b + off, j->a + off, n * sizeof(float));
+    } else if (j->kind == PAR_SUMSQ_BF16) { /* as optimizer/optim.c sumsq_lane: widened block by block */
+        const uint16_t *g16 = (const uint16_t *)j->c;
+        double total = 0;
+        for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
+            size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
+            bf16_to_f32_n(stage, g16 + i, k);
+            total += sumsq_f32(j->isa, stage, k);
+        }
+        j->sink[pa->index] = total;
     } else if (j->kind == PAR_ADAMW) {
         for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
             size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
@@ -274,15 +285,17 @@ static int measure_memory(struct calib_host *h)
     thread_points(h->ncpu, &h->adamw_rate);
     thread_points(h->ncpu, &h->adamw_bf16_rate);
     thread_points(h->ncpu, &h->adamw_8bit_rate);
+    thread_points(h->ncpu, &h->sumsq_bf16_rate);
     j->n = n; /* 64 MiB copied, 16M parameters updated */
     struct {
         int kind;
         struct calib_curve *curve;
-        double units; /* bytes copied or parameters updated per pass */
+        double units; /* bytes copied or parameters updated or squared per pass */
     } runs[] = {{PAR_MEMCPY, &h->memcpy_bw, (double)n * sizeof(float)},
                 {PAR_ADAMW, &h->adamw_rate, (double)n},
                 {PAR_ADAMW_BF16, &h->adamw_bf16_rate, (double)n},
-                {PAR_ADAMW_8BIT, &h->adamw_8bit_rate, (double)n}};
+                {PAR_ADAMW_8BIT, &h->adamw_8bit_rate, (double)n},
+                {PAR_SUMSQ_BF16, &h->sumsq_bf16_rate, (double)n}};
     for (int i = 0; i < h->memcpy_bw.n && !rc; i++)
         for (size_t k = 0; k < sizeof runs / sizeof runs[0] && !rc; k++) {
             double t[3];
@@ -663,6 +676,7 @@ static int save_host(const char *path, const char *hostname, const struct calib_
     cJSON_AddItemToObject(o, "adamw_rate", curve_json(&h->adamw_rate));
     cJSON_AddItemToObject(o, "adamw_bf16_rate", curve_json(&h->adamw_bf16_rate));
     cJSON_AddItemToObject(o, "adamw_8bit_rate", curve_json(&h->adamw_8bit_rate));
+    cJSON_AddItemToObject(o, "sumsq_bf16_rate", curve_json(&h->sumsq_bf16_rate));
     cJSON_AddNumberToObject(o, "wake_s", h->wake_s);
     cJSON *c = cJSON_AddObjectToObject(o, "cpu_backend");
     cJSON_AddNumberToObject(c, "gemm_flops", h->cpu.gemm_flops);
@@ -730,6 +744,8 @@ static bool load_host(const char *path, int ncpu, struct calib_host *h, cJSON **
         for (int i = 0; i < h->adamw_8bit_rate.n; i++)
             h->adamw_8bit_rate.value[i] *= CALIB_8BIT_PER_BF16;
     }
+    if (ok && !curve_parse(cJSON_GetObjectItemCaseSensitive(o, "sumsq_bf16_rate"), &h->sumsq_bf16_rate))
+        h->sumsq_bf16_rate.n = 0; /* calibrated before it was measured: the squaring priced by its bytes */
     h->ncpu = (int)n;
     if (o_out)
         *o_out = o;

@@ -65,6 +65,10 @@ struct calib_host {
     struct calib_curve adamw_8bit_rate; /* the same with 8-bit m and v (optimizer_state = 8bit); a
                                          * file without it (calibrated before the mode existed)
                                          * gets the bf16 curve times CALIB_8BIT_PER_BF16 */
+    struct calib_curve sumsq_bf16_rate; /* parameters/s whose bf16 gradient t threads square for the
+                                         * norm (widened block by block, summed in double, as
+                                         * optimizer/optim.c sumsq_lane); n = 0 in a file without
+                                         * it: the squaring is priced by its bytes alone */
     double wake_s;                 /* a futex wake across processes until the sleeper runs */
     struct calib_cpu cpu;
 };

@@ -351,6 +351,8 @@ struct sim {
     double *exchange;              /* GPU-side gradients: the reduce-scatter over the peers */
     double *offload_out;           /* offloaded layer inputs out, during the forward */
     double *reduce, *update;       /* optimizer: one rank's gradient; the AdamW update */
+    double *update_bwd;            /* the update taken while the gradient copies are in flight */
+    double *update_taken;          /* the last step's update as taken, in the backward or after it */
     double *remote_reduce;         /* optimizer: one rank's gradient received from another host */
     double *link_grads;            /* this host's gradients of one post out over the link */
     double *link_params;           /* sharded state: the updated owned part out to the others */
@@ -456,12 +458,13 @@ static double published(struct sim *s, int c, double t)
 
 /* optimizer/optim.c reduce_step: optimizer k takes its pending updates, lowest-numbered chunk
  * first, until one runs past `until` (when the next gradient arrives; an update is not
- * interrupted). */
-static void take_updates(struct sim *s, int k, double until)
+ * interrupted). `cost`: the updates' durations, in the backward (update_bwd) or after it. */
+static void take_updates(struct sim *s, int k, double until, const double *cost)
 {
     for (int c = 0; c < s->nc && s->opt_free[k] < until; c++)
         if (s->update_pending[c] && s->mc->owner[c] == k) {
-            s->opt_free[k] += s->update[c];
+            s->opt_free[k] += cost[c];
+            s->update_taken[c] = cost[c];
             s->next_version[c] = published(s, c, s->opt_free[k]);
             s->update_pending[c] = false;
         }
@@ -501,7 +504,7 @@ static void grads_done(struct sim *s, int c, int buf, bool last_micro)
         return;
     s->poster = fmax(s->poster, landed + s->wake);
     int k = s->mc->owner[c];
-    take_updates(s, k, s->poster);
+    take_updates(s, k, s->poster, s->update_bwd);
     for (int r = 0; r < s->G; r++) {
         double start = s->opt_free[k] >= s->poster ? s->opt_free[k] : s->poster + s->wake;
         s->opt_free[k] = start + s->reduce[c];
@@ -569,7 +572,7 @@ static void micro_step(struct sim *s, bool first_micro, bool last_micro)
 static double finish_step(struct sim *s)
 {
     for (int k = 0; k < s->K; k++)
-        take_updates(s, k, INFINITY);
+        take_updates(s, k, INFINITY, s->update);
     if (!s->during) {
         double norm = 0;
         for (int c = 0; c < s->nc; c++)
@@ -581,6 +584,7 @@ static double finish_step(struct sim *s)
             double t = fmax(s->opt_free[k], norm);
             for (int c = 0; c < s->nc; c++)
                 if (s->mc->owner[c] == k) {
+                    s->update_taken[c] = s->update[c];
                     t += s->update[c];
                     s->next_version[c] = published(s, c, t);
                 }
@@ -607,16 +611,43 @@ static double finish_step(struct sim *s)
 #define STATE8_SAVING (12.0 - 4.0 / STATE8_BLOCK)
 #define BF16_COPY_SAVING 2.0  /* workers streaming the master: no bf16 copy to write */
 
-/* Per-rank link rates: the host's memory bandwidth is shared by the G ranks' DMA. */
+/* An optimizer process's update rates on the cores it has. */
+struct update_rates {
+    double update_bw; /* bytes/s of host memory the fp32-state AdamW moves */
+    double adamw16;   /* params/s with bf16 state (its stochastic rounding can make it compute-bound) */
+    double adamw8;    /* the same with 8-bit state */
+};
+
+/* Per-rank link rates (the host's memory bandwidth is shared by the G ranks' DMA) and the
+ * optimizers' rates. */
 struct rates {
     double host_bw; /* host memory traffic, bytes/s (a copy moves each byte twice) */
     double h2d_fwd, h2d_bwd, d2h;
-    double reduce_bw; /* per optimizer process, bytes of traffic/s */
-    double update_bw; /* per optimizer process, bytes/s of host memory the fp32-state AdamW moves */
-    double adamw16;   /* per optimizer process, params/s with bf16 state (its stochastic rounding can
-                       * make it compute-bound) */
-    double adamw8;    /* the same with 8-bit state */
+    double reduce_bw; /* per optimizer process, bytes of traffic/s (reductions run as gradients land) */
+    double sumsq16;   /* per optimizer process, params/s squaring a bf16 gradient (widening it, summing in
+                       * double); 0 when calibration did not measure it */
+    /* per optimizer process: beside the workers' threads (`update`), and while the gradient copies
+     * are in flight, when each CUDA worker's poster thread holds a core too (`update_bwd`) */
+    struct update_rates update, update_bwd;
 };
+
+/* The optimizer processes' threads, on at most `cores` cores: threads beyond them share cores, and
+ * the lanes of a chunk finish together (optimizer/optim.c run_lanes), so they go at the cores' rate. */
+static int optim_threads_on(const struct plan *p, int cores)
+{
+    cores = cores > 1 ? cores : 1;
+    return p->optim_procs * p->optim_threads < cores ? p->optim_procs * p->optim_threads : cores;
+}
+
+static struct update_rates update_rates_on(const struct calib *cal, const struct plan *p, int cores)
+{
+    int threads = optim_threads_on(p, cores);
+    return (struct update_rates){
+        .update_bw = UPDATE_BYTES * calib_curve_at(&cal->host.adamw_rate, threads) / p->optim_procs,
+        .adamw16 = calib_curve_at(&cal->host.adamw_bf16_rate, threads) / p->optim_procs,
+        .adamw8 = calib_curve_at(&cal->host.adamw_8bit_rate, threads) / p->optim_procs,
+    };
+}
 
 static struct rates rates_of(const struct cost_case *mc)
 {
@@ -632,13 +663,18 @@ static struct rates rates_of(const struct cost_case *mc)
     r.h2d_fwd = fmin(cal->gpu.h2d_bw, r.host_bw / G);
     r.h2d_bwd = fmin(cal->gpu.bidir_bw, r.host_bw / (2 * G));
     r.d2h = bwd_fetch ? r.h2d_bwd : fmin(cal->gpu.d2h_bw, r.host_bw / G);
-    /* the workers' threads hold a core each; the optimizer processes share the rest */
-    int cores = mc->host_cpus - G > 1 ? mc->host_cpus - G : 1;
-    int threads = p->optim_procs * p->optim_threads < cores ? p->optim_procs * p->optim_threads : cores;
-    r.reduce_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, threads) / p->optim_procs;
-    r.update_bw = UPDATE_BYTES * calib_curve_at(&cal->host.adamw_rate, threads) / p->optim_procs;
-    r.adamw16 = calib_curve_at(&cal->host.adamw_bf16_rate, threads) / p->optim_procs;
-    r.adamw8 = calib_curve_at(&cal->host.adamw_8bit_rate, threads) / p->optim_procs;
+    /* Each worker's thread holds a core; the optimizer processes share the rest. A CUDA worker's
+     * poster thread waits for each gradient copy in cudaEventSynchronize, which spins under CUDA's
+     * default schedule (one context, fewer than the host's cores): while copies are in flight it
+     * holds a core too. A CPU worker copies on its own thread. */
+    int busy_bwd = mc->job->device == DEVICE_CPU ? G : 2 * G;
+    r.update = update_rates_on(cal, p, mc->host_cpus - G);
+    r.update_bwd = update_rates_on(cal, p, mc->host_cpus - busy_bwd);
+    int reduce_threads = optim_threads_on(p, mc->host_cpus - busy_bwd);
+    r.reduce_bw = 2 * calib_curve_at(&cal->host.memcpy_bw, reduce_threads) / p->optim_procs;
+    r.sumsq16 = cal->host.sumsq_bf16_rate.n > 0
+                    ? calib_curve_at(&cal->host.sumsq_bf16_rate, reduce_threads) / p->optim_procs
+                    : 0;
     return r;
 }
 
@@ -687,7 +723,7 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
         .host_sharded = state_hosts(p) > 1,
         .link_lat = COST_LINK_LATENCY_S,
     };
-    enum { PER_CHUNK = 17 };
+    enum { PER_CHUNK = 19 };
     double *arrays = calloc((size_t)nc * PER_CHUNK + (size_t)s->K + (size_t)s->S + (size_t)nc + 2, sizeof(double));
     s->cache.entries = calloc((size_t)s->cache.size, sizeof *s->cache.entries);
     s->ready = calloc((size_t)s->cache.size, sizeof *s->ready);
@@ -696,7 +732,8 @@ static void sim_init(struct sim *s, const struct cost_case *mc, bool cpu)
     double **per_chunk[PER_CHUNK] = {&s->fwd,        &s->bwd,         &s->fetch_fwd,    &s->fetch_bwd, &s->bytes_fwd,
                                      &s->bytes_bwd,  &s->send,        &s->exchange,     &s->offload_out, &s->reduce,
                                      &s->update,     &s->version_at,  &s->next_version, &s->reduced_at,
-                                     &s->remote_reduce, &s->link_grads, &s->link_params};
+                                     &s->remote_reduce, &s->link_grads, &s->link_params, &s->update_bwd,
+                                     &s->update_taken};
     for (int i = 0; i < PER_CHUNK; i++)
         *per_chunk[i] = arrays + (size_t)i * nc;
     s->opt_free = arrays + (size_t)nc * PER_CHUNK;
@@ -725,7 +762,7 @@ static double master_pieces(double n)
  * trails the optimizer), take that bandwidth from it; with bf16 or 8-bit state the calibrated rate
  * of that update is a floor (its rounding, and the codes, are compute; calibrated with bf16
  * gradients to widen, the most work per parameter). */
-static double update_s(const struct sim *s, const struct rates *rt, double owned, double fill_bytes)
+static double update_s(const struct sim *s, const struct update_rates *rt, double owned, double fill_bytes)
 {
     double memory = (owned * s->update_bytes + s->G * fill_bytes) / rt->update_bw;
     switch (s->mc->job->optimizer_state) {
@@ -787,7 +824,12 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
          * with the state sharded across hosts this host sums and updates its 1/H of the chunk */
         double owned = (double)ch->numel / SH;
         s->reduce[c] = owned * (s->direct ? s->sumsq_bytes : REDUCE_BYTES) / rt->reduce_bw / (gpu_grads ? G : 1);
-        s->update[c] = update_s(s, rt, owned, s->bytes_fwd[c]);
+        /* squaring the bf16 accumulator widens it and sums in double: compute, which calibration
+         * measured (sumsq_bf16_rate), not only its bytes */
+        if (s->direct && s->bf16_grads && s->sumsq_bytes > 0 && rt->sumsq16 > 0)
+            s->reduce[c] = fmax(s->reduce[c], owned / rt->sumsq16 / (gpu_grads ? G : 1));
+        s->update[c] = update_s(s, &rt->update, owned, s->bytes_fwd[c]);
+        s->update_bwd[c] = update_s(s, &rt->update_bwd, owned, s->bytes_fwd[c]);
         if (H > 1) {
             double posted = gpu_grads ? gbytes / G : gbytes; /* one rank's post of the chunk */
             /* replicated: every post to every other host; sharded: to each other host its part */
@@ -871,7 +913,7 @@ static void stream_terms(const struct sim *s, const struct rates *rt, double per
     double *load = calloc((size_t)s->K, sizeof(double));
     SD_ASSERT(load);
     for (int c = 0; c < s->nc; c++)
-        load[mc->owner[c]] += G * sends * (s->reduce[c] + (s->H - 1) * s->remote_reduce[c]) + s->update[c];
+        load[mc->owner[c]] += G * sends * (s->reduce[c] + (s->H - 1) * s->remote_reduce[c]) + s->update_taken[c];
     for (int k = 0; k < s->K; k++)
         out->optim_s = fmax(out->optim_s, load[k]);
     free(load);

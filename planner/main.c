@@ -285,6 +285,12 @@ static void print_text_calibration(const struct report *r)
     for (int i = 0; i < cal->host.adamw_8bit_rate.n; i++)
         printf(" %d thr %.2f G params/s;", cal->host.adamw_8bit_rate.threads[i],
                cal->host.adamw_8bit_rate.value[i] / 1e9);
+    printf("\n  norm of bf16 gradients");
+    for (int i = 0; i < cal->host.sumsq_bf16_rate.n; i++)
+        printf(" %d thr %.2f G params/s;", cal->host.sumsq_bf16_rate.threads[i],
+               cal->host.sumsq_bf16_rate.value[i] / 1e9);
+    if (cal->host.sumsq_bf16_rate.n == 0)
+        printf(" not measured (priced by its bytes)");
     printf("\n  process wake-up %.1f us\n", cal->host.wake_s * 1e6);
     const struct calib_cpu *c = &cal->host.cpu;
     printf("  CPU backend: sgemm %.1f GFLOP/s + %.2f ns per element packed; attention fwd %.2f ns x D + %.2f ns, bwd "
@@ -571,6 +577,7 @@ static cJSON *calibration_json(const struct calib *cal)
     cJSON_AddItemToObject(ch, "adamw_rate", curve_json(&cal->host.adamw_rate));
     cJSON_AddItemToObject(ch, "adamw_bf16_rate", curve_json(&cal->host.adamw_bf16_rate));
     cJSON_AddItemToObject(ch, "adamw_8bit_rate", curve_json(&cal->host.adamw_8bit_rate));
+    cJSON_AddItemToObject(ch, "sumsq_bf16_rate", curve_json(&cal->host.sumsq_bf16_rate));
     cJSON_AddNumberToObject(ch, "wake_s", cal->host.wake_s);
     cJSON_AddNumberToObject(ch, "cpu_gemm_flops", cal->host.cpu.gemm_flops);
     cJSON *cg = cJSON_AddObjectToObject(c, "gpu");

@@ -373,6 +373,16 @@ static int search_all(struct search *S, const struct plan *tmpl)
 {
     if (search_shapes(S, tmpl) != 0)
         return -1;
+    if (!S->found && S->enforce_host && S->job->grad_slots <= 0) {
+        /* nothing fits the host's memory with the first guess's gradient slots: the fewest, which
+         * search_optim would otherwise never reach from here */
+        int slots[MAX_CANDS];
+        slot_candidates(S->job, slots);
+        struct plan lean = *tmpl;
+        lean.grad_slots = slots[0];
+        if (lean.grad_slots < tmpl->grad_slots && search_shapes(S, &lean) != 0)
+            return -1;
+    }
     if (!S->found)
         return 0;
     if (search_optim(S) != 0 || search_logits(S) != 0)

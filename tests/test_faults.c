@@ -338,7 +338,7 @@ static void write_calibration(const char *path, const char *text, double factor)
 {
     cJSON *o = cJSON_Parse(text);
     assert_non_null(o);
-    const char *curves[] = {"memcpy_bw", "adamw_rate", "adamw_bf16_rate"}; /* [threads, rate] pairs */
+    const char *curves[] = {"memcpy_bw", "adamw_rate", "adamw_bf16_rate", "sumsq_bf16_rate"}; /* [threads, rate] */
     for (size_t i = 0; i < sizeof curves / sizeof curves[0]; i++)
         for (cJSON *it = cJSON_GetObjectItem(o, curves[i])->child; it; it = it->next) {
             cJSON *v = cJSON_GetArrayItem(it, 1);
