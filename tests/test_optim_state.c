@@ -14,19 +14,21 @@
 
 static char dir[1024];
 
-/* A job in folder `name` on the shared data: two CPU workers, two micro-steps of 8 sequences. */
+/* A job in folder `name` on the shared data: two CPU workers, two micro-steps of 8 sequences for the
+ * loss curves, of 2 for the short jobs of the crash and resume checks (what they check is the
+ * protocol's state, not the curve). */
 static void write_job(const char *name, int steps)
 {
     char p[1300], text[4096];
     snprintf(text, sizeof text,
              "[model]\npath = %s\ninit = random\n"
              "[data]\ntrain = ../data/train.bin\nseq_len = 64\n"
-             "[train]\nmicro_batch = 8\ngrad_accum = 2\nsteps = %d\nlr = 5e-4\nwarmup = %d\nweight_decay = 0.01\n"
+             "[train]\nmicro_batch = %d\ngrad_accum = 2\nsteps = %d\nlr = 5e-4\nwarmup = %d\nweight_decay = 0.01\n"
              "seed = 1234\n"
              "[checkpoint]\ndir = ckpt\nexport_dtype = fp32\n"
              "[runtime]\ndevice = cpu\ngpus = 2\noptim_threads = 3\n"
              "[log]\ndir = log\nevery = 10\n",
-             tu_src("examples/tiny-qwen3"), steps, steps < 100 ? 2 : 20);
+             tu_src("examples/tiny-qwen3"), steps < 100 ? 2 : 8, steps, steps < 100 ? 2 : 20);
     snprintf(p, sizeof p, "%s/%s", dir, name);
     tu_rmrf(p);
     assert_int_equal(tu_sh(NULL, "mkdir -p %s", p), 0);
