@@ -707,6 +707,69 @@ static void test_issue31_deterministic_rows(void **state)
     }
 }
 
+/* plan_longest_seq_len: the longest data.seq_len with a plan that fits, found by the search's own fit
+ * check. At the answer plan_choose fits (device and host); one token more it does not, for the reason
+ * given: on a GPU of 4 GiB the device (and the smallest plan one token more needs is beyond it), on
+ * the CPU backend with gpu_mem = auto the host's memory (the workers' memory grows with the tokens),
+ * and with room for anything the longest job.ini accepts (2^28 tokens per micro-batch). Whatever the
+ * job's own seq_len, the answer is the same. */
+static void test_longest_seq_len(void **state)
+{
+    struct model_config cfg = medium();
+    struct topology topo;
+    static const struct {
+        const char *name;
+        int device, mb, T;
+        int64_t gpu_mem, host_avail;
+        int limit;
+        int logits_rows; /* the 2^28 tokens of the last case in one cross-entropy chunk: priced fast */
+    } cases[] = {
+        {"CUDA, 4 GiB", DEVICE_CUDA, 2, 1024, (int64_t)4 << 30, (int64_t)1 << 40, SEQ_LIMIT_GPU},
+        {"CUDA, 4 GiB, from a job that does not fit", DEVICE_CUDA, 2, 1 << 20, (int64_t)4 << 30, (int64_t)1 << 40,
+         SEQ_LIMIT_GPU},
+        {"CPU, auto, 12 GiB of host memory", DEVICE_CPU, 1, 1024, 0, (int64_t)12 << 30, SEQ_LIMIT_HOST},
+        {"CUDA, 1 PiB", DEVICE_CUDA, 64, 1024, (int64_t)1 << 50, (int64_t)1 << 40, SEQ_LIMIT_CAP, 1 << 28},
+    };
+    int first = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct calib cal = test_calib();
+        cal.mem_available = cases[i].host_avail;
+        struct job_config job = job_of(cases[i].device, 1, cases[i].mb, cases[i].T, 1);
+        job.gpu_mem = cases[i].gpu_mem;
+        job.logits_rows = cases[i].logits_rows;
+        topology_assumed(1, &topo);
+        struct plan_seq_limit l;
+        assert_int_equal(plan_longest_seq_len(&job, &cfg, &cal, &topo, 8, 1, &l), 0);
+        printf("# %s, micro_batch %d: longest %d tokens, limit %d, %d needs %lld bytes\n", cases[i].name,
+               cases[i].mb, l.seq_len, l.limit, l.seq_len + 1, (long long)l.next_gpu_bytes);
+        assert_int_equal(l.limit, cases[i].limit);
+        if (i == 0)
+            first = l.seq_len;
+        if (i == 1)
+            assert_int_equal(l.seq_len, first);
+        struct plan p;
+        struct plan_info info;
+        job.seq_len = l.seq_len;
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 8, 1, &p, &info), 0);
+        assert_true(info.host_fits);
+        if (l.limit == SEQ_LIMIT_CAP) {
+            assert_int_equal((int64_t)l.seq_len * job.micro_batch, (int64_t)1 << 28);
+            continue;
+        }
+        assert_true(l.seq_len > 1024);
+        job.seq_len = l.seq_len + 1;
+        int rc = plan_choose(&job, &cfg, &cal, &topo, 8, 1, &p, &info);
+        if (l.limit == SEQ_LIMIT_GPU) {
+            assert_int_not_equal(rc, 0);
+            assert_true(info.failed);
+            assert_true(l.next_gpu_bytes == info.min_gpu_bytes && l.next_gpu_bytes > job.gpu_mem);
+        } else {
+            assert_int_equal(rc, 0);
+            assert_false(info.host_fits);
+        }
+    }
+}
+
 /* docs/performance.md §7 as the tests see it: Qwen2.5-72B (examples/qwen2.5-72b-h200.ini) on the
  * described hosts of examples/. One H200 per host of the lent kind: sharded on 2 hosts, and no host
  * count fits, as each host keeps the whole bf16 copy (135 GiB) beyond its 120 GiB. Eight per host
@@ -1575,6 +1638,7 @@ int main(void)
         cmocka_unit_test(test_issue32_overlap_plans),
         cmocka_unit_test(test_deterministic_backward_priced),
         cmocka_unit_test(test_issue31_deterministic_rows),
+        cmocka_unit_test(test_longest_seq_len),
         cmocka_unit_test(test_hosts_qwen72b_described),
         cmocka_unit_test(test_qwen3_14b_8bit_fits),
         cmocka_unit_test(test_described_host_optimizer_threads),
