@@ -654,7 +654,7 @@ static void print_failure(const struct job_config *job, const struct plan_info *
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "error", error);
         cJSON_AddNumberToObject(o, "min_gpu_bytes", (double)in->min_gpu_bytes);
-        cJSON_AddNumberToObject(o, "gpu_budget", (double)job->gpu_mem);
+        cJSON_AddNumberToObject(o, "gpu_budget", (double)in->gpu_budget);
         cJSON *hj = cJSON_AddObjectToObject(o, "host_memory");
         cJSON_AddNumberToObject(hj, "total", (double)h->total);
         cJSON_AddNumberToObject(hj, "available", (double)in->host_available);
@@ -664,7 +664,7 @@ static void print_failure(const struct job_config *job, const struct plan_info *
         print_cjson(o);
         return;
     }
-    printf("no plan fits %s per GPU; the smallest needs %s\n", sz((double)job->gpu_mem),
+    printf("no plan fits %s per GPU; the smallest needs %s\n", sz((double)in->gpu_budget),
            sz((double)in->min_gpu_bytes));
     printf("host memory: %s = params16 %s + master %s + grads %s + ctl %s (the shared objects)",
            sz(h->total), sz(h->params16), sz(h->master), sz(h->grads), sz(h->ctl));

@@ -771,6 +771,7 @@ static void explain_failure(struct search *S, const struct plan *tmpl, struct pl
     memset(info, 0, sizeof *info);
     info->failed = true;
     info->min_gpu_bytes = S->min_need;
+    info->gpu_budget = S->budget != INT64_MAX ? S->budget : 0;
     info->host_available = S->host_avail;
     info->gpu_auto = S->job->gpu_mem == 0;
     struct cand_layout cl;
