@@ -3,7 +3,8 @@
 # for the Qwen3-1.7B shape (random init, seq 4096) at 3 micro-batch sizes and 2 GPU memory budgets,
 # and its plan against hand-written alternatives at one of them. Prints one table; logs in $OUT;
 # results in docs/performance.md §4. Needs .gpudeps/ as bench/gpu_build.sh's header says. With
-# NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already.
+# NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already. ISSUE31=1 runs issue 31's
+# rows instead (docs/performance.md §10).
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/planner
 rm -rf "$w" && mkdir -p "$w"
@@ -36,13 +37,26 @@ print(json.dumps({"name": name, "rc": int(rc), "measured": m, "predicted": p, "a
 PY
     "$build/slidedp-launch" --clean "${job_args[@]}" "$@" > /dev/null 2>&1
 }
-for mem in auto 24G; do
-    for mb in 1 2 4; do
-        run "mb${mb}_$mem" train.micro_batch=$mb runtime.gpu_mem=$mem
+if [ -n "${ISSUE31:-}" ]; then
+    # issue 31's rows instead (docs/performance.md §10): auto plans, deterministic (the default) and
+    # not; the 131K steps take 20-35 s each, so they run 3 steps (the median is the third)
+    for det in true false; do
+        d=runtime.deterministic=$det
+        run "64k_8x2_$det" train.micro_batch=8 train.grad_accum=2 train.steps=5 $d
+        run "64k_2x8_$det" train.grad_accum=8 train.steps=5 $d
+        run "8k_$det" $d
+        run "32k_$det" train.micro_batch=1 data.seq_len=32768 train.steps=5 $d
+        run "131k_$det" train.micro_batch=1 data.seq_len=131072 train.steps=3 $d
     done
-done
+else
+    for mem in auto 24G; do
+        for mb in 1 2 4; do
+            run "mb${mb}_$mem" train.micro_batch=$mb runtime.gpu_mem=$mem
+        done
+    done
+fi
 # hand-written alternatives to the planner's choice at micro_batch 2, gpu_mem 24G (NO_ALTS=1: none)
-if [ -z "${NO_ALTS:-}" ]; then
+if [ -z "${NO_ALTS:-}${ISSUE31:-}" ]; then
     run alt_stream3 train.micro_batch=2 runtime.gpu_mem=24G runtime.chunk_buffers=3
     run alt_recompute train.micro_batch=2 runtime.gpu_mem=24G runtime.activations=recompute
     run alt_optim1x14 train.micro_batch=2 runtime.gpu_mem=24G runtime.optim_procs=1 runtime.optim_threads=14

@@ -4,6 +4,8 @@
 # the cost model does to the documented rows. No GPU needed; from the repo root after `make build`
 # (BUILD=dir for another build). The measured runs came from different hosts and trees (their
 # sections say which), so the errors mix the model's with the hosts' spread (up to 1.7x for one plan).
+# Runs measured before runtime.deterministic became the default (3df67b0: §2 and §4) are priced
+# with runtime.deterministic=false, as they ran (cuDNN's attention backward).
 set -euo pipefail
 plan=${BUILD:-build}/slidedp-plan
 tmp=$(mktemp -d)
@@ -19,7 +21,7 @@ PY
 B=(bench/qwen3-1.7b.ini "data.train=$tmp/train.bin")
 k1="runtime.optim_procs=1 runtime.optim_threads=14"
 # gpu_offload.sh's runs: every weight resident, and the bf16 copy (the only source then)
-off="runtime.chunk_buffers=30 runtime.weights_source=bf16_copy"
+off="runtime.chunk_buffers=30 runtime.weights_source=bf16_copy runtime.deterministic=false"
 g8="model.path=examples/qwen3-8b runtime.grad_dtype=bf16"
 printf "%-44s %8s %9s %7s  %s\n" run measured predicted error plan
 row() { # NAME MEASURED OVERRIDES...
@@ -55,17 +57,17 @@ row "§2.2 8k, no clipping, bf16 gradients" 0.530 $off $k1 train.grad_clip=0 run
     runtime.grad_dtype=bf16
 # §2.3 Qwen3-4B in 24 GiB (gpu_offload.sh's 4 x 4 optimizer threads)
 row "§2.3 Qwen3-4B, 24 GiB" 1.50 model.path=examples/qwen3-4b runtime.gpu_mem=24G runtime.weights_source=bf16_copy \
-    runtime.optim_procs=4 runtime.optim_threads=4
+    runtime.optim_procs=4 runtime.optim_threads=4 runtime.deterministic=false
 # §4.1 (gpu_planner.sh: clipping, fp32 gradients, the copy)
 for mem in auto 24G; do
     for mb in 1 2 4; do
         m=$(case $mem$mb in auto1) echo 0.731 ;; auto2) echo 0.804 ;; auto4) echo 0.819 ;; 24G1) echo 0.728 ;;
             24G2) echo 0.682 ;; 24G4) echo 0.835 ;; esac)
         row "§4.1 micro-batch $mb, gpu_mem $mem" "$m" train.micro_batch=$mb runtime.gpu_mem=$mem \
-            runtime.weights_source=bf16_copy
+            runtime.weights_source=bf16_copy runtime.deterministic=false
     done
 done
-c24="runtime.gpu_mem=24G runtime.weights_source=bf16_copy"
+c24="runtime.gpu_mem=24G runtime.weights_source=bf16_copy runtime.deterministic=false"
 row "§4.1 alt: chunk_buffers = 3" 0.836 $c24 runtime.chunk_buffers=3
 row "§4.1 alt: activations = recompute" 0.848 $c24 runtime.activations=recompute
 row "§4.1 alt: 1x14 optimizer threads" 0.799 $c24 $k1
@@ -79,3 +81,13 @@ row "§8 8B 64k, master, bf16 state" 8.676 $g8 train.grad_accum=8 train.optimize
 row "§8 1.7B 8k, the copy (code before)" 0.675 runtime.weights_source=bf16_copy
 row "§8 1.7B 8k, master, fp32 state" 0.672 runtime.weights_source=master
 row "§8 1.7B 8k, master, bf16 state" 0.602 train.optimizer_state=bf16
+# issue 31 (one call; the bench job as it is, auto plans, clipping, fp32 gradients; deterministic by default)
+nd=runtime.deterministic=false
+row "issue 31: 64k (8x4096x2)" 2.156 train.micro_batch=8 train.grad_accum=2
+row "issue 31: 64k (8x4096x2), not deterministic" 1.913 train.micro_batch=8 train.grad_accum=2 $nd
+row "issue 31: 64k (2x4096x8)" 2.265 train.grad_accum=8
+row "issue 31: 8k (2x4096)" 0.690
+row "issue 31: 8k (2x4096), not deterministic" 0.690 $nd
+row "issue 31: one 32K sequence" 2.417 train.micro_batch=1 data.seq_len=32768
+row "issue 31: 32K, not deterministic (1.64-1.82 s)" 1.64 train.micro_batch=1 data.seq_len=32768 $nd
+row "issue 31: one 131K sequence" 32.69 train.micro_batch=1 data.seq_len=131072

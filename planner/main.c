@@ -50,7 +50,34 @@ struct report {
     double num_params;
     double tokens; /* per step, all ranks of every host */
     int hosts;
+    const struct plan_seq_limit *longest;
 };
+
+/* The longest sequence that fits, and what one token more runs out of, in one line. */
+static void longest_line(const struct plan_seq_limit *l, const struct job_config *job)
+{
+    if (l->seq_len == 0)
+        printf("longest sequence that fits: none, not even 1 token per sequence at micro_batch %d", job->micro_batch);
+    else
+        printf("longest sequence that fits: %d tokens (data.seq_len) at micro_batch %d", l->seq_len, job->micro_batch);
+    if (l->limit == SEQ_LIMIT_GPU)
+        printf("; %d needs %s per %s (bound: %s memory)\n", l->seq_len + 1, sz((double)l->next_gpu_bytes),
+               job->device == DEVICE_CPU ? "worker" : "GPU", job->device == DEVICE_CPU ? "worker" : "GPU");
+    else if (l->limit == SEQ_LIMIT_HOST)
+        printf("; %d does not fit the host's memory (bound: host memory)\n", l->seq_len + 1);
+    else
+        printf(", the longest job.ini accepts\n");
+}
+
+static cJSON *longest_json(const struct plan_seq_limit *l)
+{
+    static const char *const limits[] = {"", "gpu_memory", "host_memory", "job_ini"};
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "seq_len", l->seq_len);
+    cJSON_AddStringToObject(o, "limit", limits[l->limit]);
+    cJSON_AddNumberToObject(o, "next_gpu_bytes", (double)l->next_gpu_bytes);
+    return o;
+}
 
 static const char *param_route_name(int route)
 {
@@ -164,6 +191,7 @@ static void print_text_gpu_memory(const struct report *r)
     if (g->peer_bufs)
         printf("  peer routes      %10s  (exchange slots%s)\n", sz(g->peer_bufs),
                r->plan->grad_route == GRADS_GPU ? " and gradient shard accumulators" : "");
+    longest_line(r->longest, r->job);
 }
 
 /* Where the workers take their weights from, why, and what each source the search tried gives. */
@@ -383,6 +411,8 @@ static cJSON *job_json(const struct report *r)
     static const char *const attention[] = {"auto", "document", "window"};
     cJSON_AddStringToObject(job, "attention", attention[r->job->attention]);
     cJSON_AddNumberToObject(job, "attention_pairs", r->job->attention_pairs > 0 ? r->job->attention_pairs : 1);
+    /* a CUDA job's attention backward is priced at attn_bwd_det_flops when true */
+    cJSON_AddBoolToObject(job, "deterministic", r->job->deterministic);
     return job;
 }
 
@@ -605,6 +635,7 @@ static void print_json(const struct report *r)
     cJSON_AddItemToObject(o, "plan", plan_json(r));
     cJSON_AddItemToObject(o, "predicted", prediction_json(r));
     cJSON_AddItemToObject(o, "gpu_memory", gpu_memory_json(r));
+    cJSON_AddItemToObject(o, "longest_seq", longest_json(r->longest));
     cJSON_AddItemToObject(o, "topology", topology_json(r));
     cJSON_AddItemToObject(o, "routes", routes_json(r));
     cJSON_AddItemToObject(o, "host_memory", host_memory_json(r));
@@ -615,23 +646,25 @@ static void print_json(const struct report *r)
 }
 
 /* Nothing fits the GPUs: what the job would need, on stdout (the error itself goes to stderr). */
-static void print_failure(const struct job_config *job, const struct plan_info *in, const char *error, bool json)
+static void print_failure(const struct job_config *job, const struct plan_info *in,
+                          const struct plan_seq_limit *longest, const char *error, bool json)
 {
     const struct host_mem_pred *h = &in->host;
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "error", error);
         cJSON_AddNumberToObject(o, "min_gpu_bytes", (double)in->min_gpu_bytes);
-        cJSON_AddNumberToObject(o, "gpu_budget", (double)job->gpu_mem);
+        cJSON_AddNumberToObject(o, "gpu_budget", (double)in->gpu_budget);
         cJSON *hj = cJSON_AddObjectToObject(o, "host_memory");
         cJSON_AddNumberToObject(hj, "total", (double)h->total);
         cJSON_AddNumberToObject(hj, "available", (double)in->host_available);
         cJSON_AddBoolToObject(hj, "fits", in->host_fits);
         cJSON_AddItemToObject(o, "not_implemented", whatifs_json(in, false));
+        cJSON_AddItemToObject(o, "longest_seq", longest_json(longest));
         print_cjson(o);
         return;
     }
-    printf("no plan fits %s per GPU; the smallest needs %s\n", sz((double)job->gpu_mem),
+    printf("no plan fits %s per GPU; the smallest needs %s\n", sz((double)in->gpu_budget),
            sz((double)in->min_gpu_bytes));
     printf("host memory: %s = params16 %s + master %s + grads %s + ctl %s (the shared objects)",
            sz(h->total), sz(h->params16), sz(h->master), sz(h->grads), sz(h->ctl));
@@ -641,6 +674,7 @@ static void print_failure(const struct job_config *job, const struct plan_info *
     for (int i = 0; i < in->num_whatifs; i++)
         printf("not implemented yet: with the %s, a plan would fit: %s per GPU, %d layers kept, step %.4f s\n",
                in->whatifs[i].what, sz(in->whatifs[i].gpu_bytes), in->whatifs[i].kept, in->whatifs[i].step_s);
+    longest_line(longest, job);
 }
 
 static int help(void)
@@ -648,7 +682,8 @@ static int help(void)
     printf("usage: slidedp-plan job.ini [section.key=value ...] [--hosts H] [--host-calib FILE] [--json] [--recalibrate]\n"
            "       slidedp-plan --version | --help\n"
            "Prints the plan slidedp-launch would use for the job: chunks, buffers, activations, routes, optimizer\n"
-           "processes and threads, each term of the predicted step time, the bottleneck, GPU and host memory.\n"
+           "processes and threads, each term of the predicted step time, the bottleneck, GPU and host memory, and\n"
+           "the longest data.seq_len that fits.\n"
            "  --hosts H          the job on H hosts of this kind (mpirun -np H), each with runtime.gpus ranks\n"
            "  --host-calib FILE  plan for the host FILE describes (its rates, cores and memory), not this one\n"
            "  --json             the same for machines\n"
@@ -758,10 +793,22 @@ int main(int argc, char **argv)
     }
     struct plan plan;
     struct plan_info info = {0};
+    struct plan_seq_limit longest;
     if (plan_choose(&job, &cfg, &cal, &topo, host_cpus, hosts, &plan, &info) != 0) {
-        fprintf(stderr, "slidedp-plan: %s%s\n", info.failed ? "the job does not fit the GPU memory: " : "", sd_errmsg());
-        if (info.failed)
-            print_failure(&job, &info, sd_errmsg(), json);
+        char error[1024];
+        snprintf(error, sizeof error, "%s", sd_errmsg());
+        fprintf(stderr, "slidedp-plan: %s%s\n", info.failed ? "the job does not fit the GPU memory: " : "", error);
+        if (info.failed) {
+            if (plan_longest_seq_len(&job, &cfg, &cal, &topo, host_cpus, hosts, &longest) != 0) {
+                fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
+                return 2;
+            }
+            print_failure(&job, &info, &longest, error, json);
+        }
+        return 2;
+    }
+    if (plan_longest_seq_len(&job, &cfg, &cal, &topo, host_cpus, hosts, &longest) != 0) {
+        fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
         return 2;
     }
     struct report r = {
@@ -775,6 +822,7 @@ int main(int argc, char **argv)
         .num_params = (double)model_config_num_params(&cfg),
         .tokens = (double)hosts * job_tokens_per_step(&job),
         .hosts = hosts,
+        .longest = &longest,
     };
     if (json)
         print_json(&r);

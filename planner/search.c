@@ -32,6 +32,7 @@ struct search {
     int64_t host_avail;
     bool enforce_host;
     bool offload;      /* price the what-if of offloaded layer inputs */
+    bool fit_only;     /* only whether a plan fits: no step priced, the first that fits ends it */
     /* the best feasible candidate */
     bool found;
     struct plan best;
@@ -127,6 +128,10 @@ static bool price(struct search *S, struct plan *p, struct cand_layout *cl, bool
     cost_host_memory(&mc, out->gpu.total, &out->host);
     if (S->enforce_host && S->host_avail > 0 && out->host.total > S->host_avail)
         return false;
+    if (S->fit_only) { /* every plan that fits is as good: consider() keeps the smallest */
+        memset(&out->pred, 0, sizeof out->pred);
+        return true;
+    }
     cost_step(&mc, &out->pred);
     S->evaluated++;
     return true;
@@ -273,7 +278,7 @@ static int search_shapes(struct search *S, const struct plan *tmpl)
     int lpcs[MAX_CANDS], bufs[MAX_CANDS], modes[2], accs[2];
     int nl = lpc_candidates(S->job, S->cfg->num_layers, lpcs), nm = mode_candidates(S->job, tmpl, modes);
     int na = accumulate_candidates(S->job, tmpl->grad_route, tmpl->hosts, accs);
-    for (int i = 0; i < nl; i++) {
+    for (int i = 0; i < nl && !(S->fit_only && S->found); i++) {
         struct cand_layout cl;
         if (cand_layout_build(S->cfg, lpcs[i], &cl) != 0)
             return -1;
@@ -383,7 +388,7 @@ static int search_all(struct search *S, const struct plan *tmpl)
         if (lean.grad_slots < tmpl->grad_slots && search_shapes(S, &lean) != 0)
             return -1;
     }
-    if (!S->found)
+    if (!S->found || S->fit_only)
         return 0;
     if (search_optim(S) != 0 || search_logits(S) != 0)
         return -1;
@@ -766,6 +771,7 @@ static void explain_failure(struct search *S, const struct plan *tmpl, struct pl
     memset(info, 0, sizeof *info);
     info->failed = true;
     info->min_gpu_bytes = S->min_need;
+    info->gpu_budget = S->budget != INT64_MAX ? S->budget : 0;
     info->host_available = S->host_avail;
     info->gpu_auto = S->job->gpu_mem == 0;
     struct cand_layout cl;
@@ -796,6 +802,30 @@ static void explain_failure(struct search *S, const struct plan *tmpl, struct pl
     };
 }
 
+/* The search's starting state and the first candidate's template, for the job as it is. */
+static void search_start(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
+                         int host_cpus, int hosts, struct search *base, struct plan *tmpl)
+{
+    bool cpu = job->device == DEVICE_CPU;
+    *base = (struct search){.job = job, .cfg = cfg, .cal = cal, .host_cpus = host_cpus, .min_need = INT64_MAX};
+    base->host_avail = cal->mem_available;
+    base->budget = job->gpu_mem > 0 ? job->gpu_mem : cpu ? INT64_MAX : (int64_t)cal->gpu.mem_bytes;
+    base->enforce_host = true;
+    *tmpl = (struct plan){
+        .layers_per_chunk = 1,
+        .chunk_buffers = 3,
+        .grad_slots = job->grad_slots > 0 ? job->grad_slots : 4,
+        .optim_procs = job->optim_procs > 0 ? job->optim_procs : imin(CTL_MAX_OPTIM, imax(1, host_cpus - job->gpus)),
+        .optim_threads = job->optim_threads > 0 ? job->optim_threads : 1,
+        .param_route = PARAMS_REPLICATED,
+        .grad_route = GRADS_CPU,
+        .hosts = hosts,
+        .host_state = HOST_STATE_REPLICATED,
+    };
+    /* about 64 MiB of logits at a time to start with (search_logits tries more) */
+    tmpl->logits_rows = logits_rows_of(job, cfg, 64);
+}
+
 int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
                 const struct topology *topo, int host_cpus, int hosts, struct plan *plan, struct plan_info *info)
 {
@@ -823,24 +853,9 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         return -1;
 
     bool cpu = job->device == DEVICE_CPU;
-    struct search base = {.job = job, .cfg = cfg, .cal = cal, .host_cpus = host_cpus, .min_need = INT64_MAX};
-    base.host_avail = cal->mem_available;
-    base.budget = job->gpu_mem > 0 ? job->gpu_mem : cpu ? INT64_MAX : (int64_t)cal->gpu.mem_bytes;
-    base.enforce_host = true;
-
-    struct plan tmpl = {
-        .layers_per_chunk = 1,
-        .chunk_buffers = 3,
-        .grad_slots = job->grad_slots > 0 ? job->grad_slots : 4,
-        .optim_procs = job->optim_procs > 0 ? job->optim_procs : imin(CTL_MAX_OPTIM, imax(1, host_cpus - job->gpus)),
-        .optim_threads = job->optim_threads > 0 ? job->optim_threads : 1,
-        .param_route = PARAMS_REPLICATED,
-        .grad_route = GRADS_CPU,
-        .hosts = hosts,
-        .host_state = HOST_STATE_REPLICATED,
-    };
-    /* about 64 MiB of logits at a time to start with (search_logits tries more) */
-    tmpl.logits_rows = logits_rows_of(job, cfg, 64);
+    struct search base;
+    struct plan tmpl;
+    search_start(job, cfg, cal, host_cpus, hosts, &base, &tmpl);
 
     struct source_search per[2];
     int sources[2], nsrc = source_candidates(job, hosts, sources);
@@ -928,6 +943,80 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     return 0;
 }
 
+/* ---- the longest sequence ---- */
+
+/* Whether some plan of the job with seq_len T fits the device and the host's memory, by the search
+ * plan_choose runs (every weights source, route and host state it would try), stopping at the first
+ * plan that fits. Otherwise which memory ran out, and the smallest device memory any plan needs. */
+static int fit_at(const struct job_config *job0, int T, const struct model_config *cfg, const struct calib *cal,
+                  const struct route_set *routes, int host_cpus, int hosts, int64_t *min_gpu)
+{
+    struct job_config job = *job0;
+    job.seq_len = T;
+    struct search base;
+    struct plan tmpl;
+    search_start(&job, cfg, cal, host_cpus, hosts, &base, &tmpl);
+    base.fit_only = true;
+    int sources[2], nsrc = source_candidates(&job, hosts, sources);
+    bool device_fits = false;
+    *min_gpu = INT64_MAX;
+    for (int i = 0; i < nsrc; i++) {
+        struct source_search ss;
+        tmpl.weights_source = sources[i];
+        if (search_source(&base, &tmpl, routes, &ss) != 0)
+            return -1;
+        if (ss.S.found && ss.host_fits)
+            return SEQ_FITS;
+        device_fits |= ss.S.found;
+        if (ss.S.min_need < *min_gpu)
+            *min_gpu = ss.S.min_need;
+    }
+    return device_fits ? SEQ_LIMIT_HOST : SEQ_LIMIT_GPU;
+}
+
+int plan_longest_seq_len(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
+                         const struct topology *topo, int host_cpus, int hosts, struct plan_seq_limit *out)
+{
+    memset(out, 0, sizeof *out);
+    struct route_set routes;
+    if (route_candidates(job, topo, hosts, &routes) != 0)
+        return -1;
+    /* what job.ini accepts (common/job.c): seq_len up to 2^24, micro_batch x seq_len up to 2^28 */
+    int cap = imin(1 << 24, (1 << 28) / job->micro_batch);
+    int64_t need;
+    int lo = 0, hi = cap + 1; /* lo fits (0: trivially), hi does not (cap + 1: not accepted) */
+    int hi_kind = SEQ_LIMIT_CAP;
+    int64_t hi_need = 0;
+    /* from the job's own length, doubling while it fits, then halving the bracket: every memory the
+     * plans need grows with seq_len, so what fits at T fits below it */
+    for (int T = imin(job->seq_len, cap);; T = imin(2 * T, cap)) {
+        int r = fit_at(job, T, cfg, cal, &routes, host_cpus, hosts, &need);
+        if (r < 0)
+            return -1;
+        if (r != SEQ_FITS) {
+            hi = T, hi_kind = r, hi_need = need;
+            break;
+        }
+        lo = T;
+        if (T == cap)
+            break;
+    }
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        int r = fit_at(job, mid, cfg, cal, &routes, host_cpus, hosts, &need);
+        if (r < 0)
+            return -1;
+        if (r == SEQ_FITS)
+            lo = mid;
+        else
+            hi = mid, hi_kind = r, hi_need = need;
+    }
+    out->seq_len = lo;
+    out->limit = hi_kind;
+    out->next_gpu_bytes = hi_kind == SEQ_LIMIT_GPU ? hi_need : 0;
+    return 0;
+}
+
 int plan_make(const struct job_config *job, const struct model_config *cfg, const struct topology *topo,
               int host_cpus, int hosts, struct plan *plan)
 {
@@ -1007,11 +1096,15 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
             plan->param_route == PARAMS_SHARDED ? "sharded" : "replicated",
             plan->grad_route == GRADS_GPU ? "reduced on GPUs" : "reduced on CPU",
             plan->accumulate_on_device ? ", micro-steps summed on the device" : "");
+    /* which attention backward the CUDA backend runs, so which rate priced it (cost.c attn_bwd_s) */
+    const char *backward = job->device == DEVICE_CPU ? ""
+                           : job->deterministic      ? "; backward deterministic (built-in kernels)"
+                                                     : "; backward cuDNN's (not deterministic)";
     if (job->attention_pairs > 0)
-        fprintf(f, "plan: attention priced by the data's documents: %.1f%% of whole windows' (query, key) pairs\n",
-                100 * job->attention_pairs);
+        fprintf(f, "plan: attention priced by the data's documents: %.1f%% of whole windows' (query, key) pairs%s\n",
+                100 * job->attention_pairs, backward);
     else
-        fprintf(f, "plan: attention priced for whole windows\n");
+        fprintf(f, "plan: attention priced for whole windows%s\n", backward);
     fprintf(f, "plan: predicted step %.4f s (compute %.4f, weights in %.4f, grads out %.4f, optimizer %.4f; bound by "
                "%s); %s memory %.2f GiB per rank, host %.2f GiB\n",
             plan->predicted_step_s, plan->predicted_compute_s, plan->predicted_h2d_s, plan->predicted_d2h_s,

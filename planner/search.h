@@ -111,6 +111,18 @@ int plan_make(const struct job_config *job, const struct model_config *cfg, cons
 int plan_choose(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
                 const struct topology *topo, int host_cpus, int hosts, struct plan *plan, struct plan_info *info);
 
+/* The longest data.seq_len of the job (its model, micro_batch, GPUs, runtime.gpu_mem and host
+ * memory, every other choice as job.ini makes it) that has a plan that fits, and what one token
+ * more runs out of. */
+enum seq_fit { SEQ_FITS = 0, SEQ_LIMIT_GPU, SEQ_LIMIT_HOST, SEQ_LIMIT_CAP };
+struct plan_seq_limit {
+    int seq_len;            /* 0: not even one token fits */
+    int limit;              /* enum seq_fit: GPU memory, host memory, or the longest job.ini accepts */
+    int64_t next_gpu_bytes; /* SEQ_LIMIT_GPU: the smallest device memory a plan of seq_len + 1 needs */
+};
+int plan_longest_seq_len(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
+                         const struct topology *topo, int host_cpus, int hosts, struct plan_seq_limit *out);
+
 /* Optimizer process of each chunk: largest chunks first onto the least loaded process, so each
  * process gets about the same number of parameters (deterministic). */
 void plan_assign_owners(const struct layout *lay, int optim_procs, int *owner);

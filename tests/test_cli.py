@@ -6,7 +6,8 @@ is one line on stderr and exit 2; the programs that take job.ini overrides say h
 paths resolve. A resumed job's header names the checkpoint its weights come from, never "random init"
 (a tiny random-init job trains 2 steps, seed 1234, then 2 more from its step-2 checkpoint), and the
 paths the launcher prints are shown from the current directory when they lie under it; slidedp-plan
-says "does not fit" and exits 2 when no plan fits the GPU memory. The host calibration is measured once
+says "does not fit" and exits 2 when no plan fits the GPU memory, and names the longest sequence that
+fits (fits there, not one token beyond). The host calibration is measured once
 into the cache and read from it after; $SLIDEDP_HOST_CALIB (which pins every other test's plans) replaces
 it, and a file that is no calibration is one line and exit 2."""
 import json
@@ -68,6 +69,21 @@ def check_plan_does_not_fit(scratch):
           f"slidedp-plan with gpu_mem = 1M: exit {p.returncode}, {p.stderr.strip()!r}")
 
 
+def check_plan_longest_seq(scratch):
+    """slidedp-plan names the longest data.seq_len that fits (design §10.6): the job fits at it and
+    not one token beyond, where the bound it names (GPU memory) stops it."""
+    plan = [os.path.join(BUILD, "slidedp-plan"), "job.ini", "runtime.device=cuda", "runtime.gpu_mem=2G"]
+    p = run(plan + ["--json"], cwd=scratch)
+    longest = json.loads(p.stdout)["longest_seq"] if p.returncode == 0 else {}
+    T = longest.get("seq_len", 0)
+    check(longest.get("limit") == "gpu_memory" and T > 1, f"longest_seq in 2 GiB: {longest}")
+    at, beyond = run(plan + [f"data.seq_len={T}"], cwd=scratch), run(plan + [f"data.seq_len={T + 1}"], cwd=scratch)
+    check(at.returncode == 0 and f"longest sequence that fits: {T} tokens (data.seq_len)" in at.stdout,
+          f"slidedp-plan at data.seq_len={T}: exit {at.returncode}")
+    check(beyond.returncode == 2 and "does not fit the GPU memory" in beyond.stderr,
+          f"slidedp-plan at data.seq_len={T + 1}: exit {beyond.returncode}, {beyond.stderr.strip()!r}")
+
+
 def check_calibration(scratch):
     plan = [os.path.join(BUILD, "slidedp-plan"), "job.ini"]
     env = dict(os.environ, SLIDEDP_CACHE_DIR=os.path.join(scratch, "cache"))
@@ -124,6 +140,7 @@ def main():
         check_programs()
         check_resume_header(scratch)
         check_plan_does_not_fit(scratch)
+        check_plan_longest_seq(scratch)
         check_calibration(scratch)
     finally:
         shutil.rmtree(scratch)
