@@ -724,10 +724,10 @@ static void test_longest_seq_len(void **state)
         int limit;
         int logits_rows; /* the 2^28 tokens of the last case in one cross-entropy chunk: priced fast */
     } cases[] = {
-        {"CUDA, 4 GiB", DEVICE_CUDA, 2, 1024, (int64_t)4 << 30, (int64_t)1 << 40, SEQ_LIMIT_GPU},
+        {"CUDA, 4 GiB", DEVICE_CUDA, 2, 1024, (int64_t)4 << 30, (int64_t)1 << 40, SEQ_LIMIT_GPU, 0},
         {"CUDA, 4 GiB, from a job that does not fit", DEVICE_CUDA, 2, 1 << 20, (int64_t)4 << 30, (int64_t)1 << 40,
-         SEQ_LIMIT_GPU},
-        {"CPU, auto, 12 GiB of host memory", DEVICE_CPU, 1, 1024, 0, (int64_t)12 << 30, SEQ_LIMIT_HOST},
+         SEQ_LIMIT_GPU, 0},
+        {"CPU, auto, 12 GiB of host memory", DEVICE_CPU, 1, 1024, 0, (int64_t)12 << 30, SEQ_LIMIT_HOST, 0},
         {"CUDA, 1 PiB", DEVICE_CUDA, 64, 1024, (int64_t)1 << 50, (int64_t)1 << 40, SEQ_LIMIT_CAP, 1 << 28},
     };
     int first = 0;
