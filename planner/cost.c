@@ -17,6 +17,7 @@
 struct dev {
     bool cpu;
     bool deterministic; /* runtime.deterministic: a CUDA attention backward without atomics */
+    bool builtin_attention; /* document attention on CUDA: the built-in kernels both ways */
     const struct calib_cpu *c;
     const struct calib_gpu *g;
 };
@@ -62,20 +63,20 @@ static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D, doubl
     double P = attn_pairs(B, T, Hq, frac);
     if (d->cpu)
         return P * (d->c->attn_fwd_pair_dim_s * D + d->c->attn_fwd_pair_s);
-    return 4 * P * D / d->g->attn_fwd_flops + d->g->launch_s;
+    return 4 * P * D / (d->builtin_attention ? d->g->attn_fwd_builtin_flops : d->g->attn_fwd_flops) + d->g->launch_s;
 }
 
 /* The backward is what forward + backward costs beyond the forward (FlashAttention counts it as
- * 2.5 forwards). Deterministic, the CUDA backend runs its own backward kernels instead of cuDNN's
- * (worker/cuda/attention_bwd.cu), at a rate of their own; the CPU backend's ops are the same
- * either way. */
+ * 2.5 forwards). Deterministic, or with document attention, the CUDA backend runs its own backward
+ * kernels instead of cuDNN's (worker/cuda/attention_bwd.cu), at a rate of their own; the CPU
+ * backend's ops are the same either way. */
 static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D, double frac)
 {
     double P = attn_pairs(B, T, Hq, frac);
     if (d->cpu)
         return P * (d->c->attn_bwd_pair_dim_s * D + d->c->attn_bwd_pair_s);
     double F = 4 * P * D;
-    if (d->deterministic)
+    if (d->deterministic || d->builtin_attention)
         return 2.5 * F / d->g->attn_bwd_det_flops + d->g->launch_s;
     return fmax(3.5 * F / d->g->attn_fwdbwd_flops - F / d->g->attn_fwd_flops, 2.5 * F / d->g->attn_fwd_flops) +
            d->g->launch_s;
@@ -946,7 +947,9 @@ void cost_step(const struct cost_case *mc, struct step_pred *out)
 {
     const struct calib *cal = mc->cal;
     memset(out, 0, sizeof *out);
-    struct dev d = {mc->job->device == DEVICE_CPU, mc->job->deterministic, &cal->host.cpu, &cal->gpu};
+    bool cpu = mc->job->device == DEVICE_CPU;
+    struct dev d = {cpu, mc->job->deterministic, !cpu && mc->job->attention == ATTENTION_DOCUMENT, &cal->host.cpu,
+                    &cal->gpu};
     struct rates rt = rates_of(mc);
     struct sim s;
     sim_init(&s, mc, d.cpu);

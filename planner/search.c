@@ -1097,9 +1097,10 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
             plan->grad_route == GRADS_GPU ? "reduced on GPUs" : "reduced on CPU",
             plan->accumulate_on_device ? ", micro-steps summed on the device" : "");
     /* which attention backward the CUDA backend runs, so which rate priced it (cost.c attn_bwd_s) */
-    const char *backward = job->device == DEVICE_CPU ? ""
-                           : job->deterministic      ? "; backward deterministic (built-in kernels)"
-                                                     : "; backward cuDNN's (not deterministic)";
+    const char *backward = job->device == DEVICE_CPU              ? ""
+                           : job->attention == ATTENTION_DOCUMENT ? "; built-in kernels both ways (documents)"
+                           : job->deterministic                   ? "; backward deterministic (built-in kernels)"
+                                                                  : "; backward cuDNN's (not deterministic)";
     if (job->attention_pairs > 0)
         fprintf(f, "plan: attention priced by the data's documents: %.1f%% of whole windows' (query, key) pairs%s\n",
                 100 * job->attention_pairs, backward);

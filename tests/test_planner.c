@@ -179,6 +179,18 @@ static void test_document_attention_priced(void **state)
     assert_true(docs.compute_s < whole.compute_s);
 }
 
+/* The attention forward's FLOPs of one layer of one micro-step of B sequences of T tokens (F = 4 P D,
+ * P the causal (query, key) pairs over all heads), and cuDNN's fused backward's seconds for them. */
+static double attn_fwd_flops_of(const struct model_config *cfg, int B, int T)
+{
+    return 4 * ((double)B * cfg->num_heads * T * (T + 1.0) / 2) * cfg->head_dim;
+}
+
+static double fused_bwd_s(const struct calib_gpu *g, double F)
+{
+    return fmax(3.5 * F / g->attn_fwdbwd_flops - F / g->attn_fwd_flops, 2.5 * F / g->attn_fwd_flops);
+}
+
 /* runtime.deterministic (the default) runs the CUDA attention backward on the built-in kernels, at
  * their own rate (calib_gpu attn_bwd_det_flops, 215 TFLOP/s on one H200 against cuDNN's 417 that
  * attn_fwdbwd_flops and attn_fwd_flops give): each layer's backward of each micro-step costs
@@ -192,9 +204,7 @@ static void test_deterministic_backward_priced(void **state)
     struct calib cal = test_calib();
     const struct calib_gpu *g = &cal.gpu;
     assert_true(g->attn_bwd_det_flops == 215e12);
-    double P = 2.0 * cfg.num_heads * 2048 * 2049 / 2, F = 4 * P * cfg.head_dim;
-    double det = 2.5 * F / g->attn_bwd_det_flops;
-    double fused = fmax(3.5 * F / g->attn_fwdbwd_flops - F / g->attn_fwd_flops, 2.5 * F / g->attn_fwd_flops);
+    double F = attn_fwd_flops_of(&cfg, 2, 2048), det = 2.5 * F / g->attn_bwd_det_flops, fused = fused_bwd_s(g, F);
     static const int devices[] = {DEVICE_CUDA, DEVICE_CPU};
     for (int d = 0; d < 2; d++) {
         int device = devices[d];
@@ -213,6 +223,42 @@ static void test_deterministic_backward_priced(void **state)
         assert_true(on.flops == off.flops && on.recompute_s == off.recompute_s);
         assert_true(fabs(on.compute_s - off.compute_s - expect) <= 1e-12 + 1e-9 * on.compute_s);
     }
+}
+
+/* Document attention on CUDA runs the built-in kernels both ways (cuDNN's graphs take no document
+ * starts): the forward at attn_fwd_builtin_flops (309 TFLOP/s on one H200, performance.md §1: 292 at
+ * T=4K, 326 at 32K) instead of cuDNN's 510, the backward at the deterministic kernels' rate even when
+ * the job is not deterministic; whole-window attention keeps cuDNN's. Same pairs in both (the
+ * documents' share set to 1), so only the rates differ. On the CPU nothing changes. */
+static void test_document_attention_priced_builtin(void **state)
+{
+    struct model_config cfg = tiny(4);
+    struct layout lay;
+    struct plan p = hand_plan(1, 6, 4, 1, UPDATE_AFTER_BACKWARD);
+    const struct calib_gpu g = test_calib().gpu;
+    assert_true(g.attn_fwd_builtin_flops == 309e12);
+    double F = attn_fwd_flops_of(&cfg, 2, 2048);
+    double fwd_more = F / g.attn_fwd_builtin_flops - F / g.attn_fwd_flops;
+    for (int det = 0; det < 2; det++)
+        for (int device = 0; device < 2; device++) {
+            struct job_config job = job_of(device ? DEVICE_CPU : DEVICE_CUDA, 1, 2, 2048, 2);
+            struct step_pred doc, window;
+            job.deterministic = det;
+            job.attention = ATTENTION_WINDOW;
+            price_plan(&cfg, &job, &p, &lay, &window, NULL, NULL);
+            layout_free(&lay);
+            job.attention = ATTENTION_DOCUMENT;
+            job.attention_pairs = 1;
+            price_plan(&cfg, &job, &p, &lay, &doc, NULL, NULL);
+            layout_free(&lay);
+            double bwd_more = det ? 0 : 2.5 * F / g.attn_bwd_det_flops - fused_bwd_s(&g, F);
+            double expect = device ? 0 : cfg.num_layers * job.grad_accum * (fwd_more + bwd_more);
+            printf("# %s, %sdeterministic: device %.6f ms document, %.6f ms window (expect +%.6f ms)\n",
+                   device ? "CPU" : "CUDA", det ? "" : "not ", doc.compute_s * 1e3, window.compute_s * 1e3,
+                   expect * 1e3);
+            assert_true(doc.flops == window.flops && doc.recompute_s == window.recompute_s);
+            assert_true(fabs(doc.compute_s - window.compute_s - expect) <= 1e-12 + 1e-9 * doc.compute_s);
+        }
 }
 
 /* The update as host memory bounds it (planner/cost.c update_s), on the tiny model with every chunk
@@ -1637,6 +1683,7 @@ int main(void)
         cmocka_unit_test(test_norm_pass_at_calibrated_rate),
         cmocka_unit_test(test_issue32_overlap_plans),
         cmocka_unit_test(test_deterministic_backward_priced),
+        cmocka_unit_test(test_document_attention_priced_builtin),
         cmocka_unit_test(test_issue31_deterministic_rows),
         cmocka_unit_test(test_longest_seq_len),
         cmocka_unit_test(test_hosts_qwen72b_described),
