@@ -430,6 +430,25 @@ static void test_poster_core_in_backward(void **state)
     assert_true(fabs(optim[1] - at6) < 1e-9 * at6);
 }
 
+/* The bench job's model (the Qwen3-1.7B shape) on one GPU of the host examples/h200-host.json
+ * describes: what the GPU host's step times below were measured on. */
+static void bench_shape_on_h200(struct model_config *cfg, struct calib *cal, struct topology *topo)
+{
+    assert_int_equal(model_config_load(tu_src("examples/qwen3-1.7b/config.json"), cfg), 0);
+    assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), cal), 0);
+    topology_assumed(1, topo);
+}
+
+/* A prediction pinned to half a millisecond (a change of the model that moves it must look at the
+ * measurement again) and within 15% of the measured step time, or of both ends of a measured range
+ * [lo, hi]; lo = 0: nothing was measured. */
+static void assert_prediction(double predicted, double pinned, double lo, double hi)
+{
+    assert_true(fabs(predicted - pinned) < 5e-4);
+    if (lo > 0)
+        assert_true(fabs(predicted / lo - 1) < 0.15 && fabs(predicted / hi - 1) < 0.15);
+}
+
 /* Issue 32's measurements on the GPU host (one H200, 16 cores; docs/performance.md §9): the
  * Qwen3-1.7B shape (examples/qwen3-1.7b), 2 x 4096 tokens per step, bf16 gradients, priced for the
  * host examples/h200-host.json describes. Streaming the master and updating after the backward,
@@ -443,11 +462,9 @@ static void test_poster_core_in_backward(void **state)
 static void test_issue32_overlap_plans(void **state)
 {
     struct model_config cfg;
-    assert_int_equal(model_config_load(tu_src("examples/qwen3-1.7b/config.json"), &cfg), 0);
     struct calib cal;
-    assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), &cal), 0);
     struct topology topo;
-    topology_assumed(1, &topo);
+    bench_shape_on_h200(&cfg, &cal, &topo);
     static const struct {
         const char *name;
         double clip;
@@ -476,9 +493,7 @@ static void test_issue32_overlap_plans(void **state)
                plan_streams_master(&p) ? "master" : "bf16 copy",
                p.update_mode == UPDATE_DURING_BACKWARD ? "during the backward" : "after the backward", p.optim_procs,
                p.optim_threads, p.predicted_step_s, runs[i].measured);
-        assert_true(fabs(p.predicted_step_s - runs[i].pinned) < 5e-4);
-        if (runs[i].measured > 0)
-            assert_true(fabs(p.predicted_step_s / runs[i].measured - 1) < 0.15);
+        assert_prediction(p.predicted_step_s, runs[i].pinned, runs[i].measured, runs[i].measured);
         if (runs[i].clip > 0 || runs[i].source == WEIGHTS_MASTER) {
             assert_true(plan_streams_master(&p));
             assert_int_equal(p.update_mode, UPDATE_AFTER_BACKWARD);
@@ -720,11 +735,9 @@ static void load_qwen72b(struct job_config *job, struct model_config *cfg)
 static void test_issue31_deterministic_rows(void **state)
 {
     struct model_config cfg;
-    assert_int_equal(model_config_load(tu_src("examples/qwen3-1.7b/config.json"), &cfg), 0);
     struct calib cal;
-    assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), &cal), 0);
     struct topology topo;
-    topology_assumed(1, &topo);
+    bench_shape_on_h200(&cfg, &cal, &topo);
     static const struct {
         const char *name;
         int mb, T, accum;
@@ -748,8 +761,7 @@ static void test_issue31_deterministic_rows(void **state)
         assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, 1, &p, NULL), 0);
         printf("# %s: predicted %.4f s, measured %.3f-%.3f s\n", runs[i].name, p.predicted_step_s, runs[i].lo,
                runs[i].hi);
-        assert_true(fabs(p.predicted_step_s - runs[i].pinned) < 5e-4);
-        assert_true(fabs(p.predicted_step_s / runs[i].lo - 1) < 0.15 && fabs(p.predicted_step_s / runs[i].hi - 1) < 0.15);
+        assert_prediction(p.predicted_step_s, runs[i].pinned, runs[i].lo, runs[i].hi);
     }
 }
 
