@@ -284,11 +284,6 @@ static int measure_memory(struct calib_host *h)
     j->d = buf + 3 * n;
     j->p16 = p16;
     j->isa = adamw_isa_detect();
-    thread_points(h->ncpu, &h->memcpy_bw);
-    thread_points(h->ncpu, &h->adamw_rate);
-    thread_points(h->ncpu, &h->adamw_bf16_rate);
-    thread_points(h->ncpu, &h->adamw_8bit_rate);
-    thread_points(h->ncpu, &h->sumsq_bf16_rate);
     j->n = n; /* 64 MiB copied, 16M parameters updated */
     struct {
         int kind;
@@ -299,6 +294,8 @@ static int measure_memory(struct calib_host *h)
                 {PAR_ADAMW_BF16, &h->adamw_bf16_rate, (double)n},
                 {PAR_ADAMW_8BIT, &h->adamw_8bit_rate, (double)n},
                 {PAR_SUMSQ_BF16, &h->sumsq_bf16_rate, (double)n}};
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++)
+        thread_points(h->ncpu, runs[k].curve);
     for (int i = 0; i < h->memcpy_bw.n && !rc; i++)
         for (size_t k = 0; k < sizeof runs / sizeof runs[0] && !rc; k++) {
             double t[3];
