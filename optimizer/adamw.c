@@ -19,11 +19,15 @@
 #include "common/bf16.h"
 #include "common/rng.h"
 
+/* The AVX-512 path's instruction sets: F, BW (byte and word conversions) and DQ (vpmullq). */
+#define AVX512_TARGET "avx512f,avx512bw,avx512dq"
+
 enum adamw_isa adamw_isa_detect(void)
 {
     const char *force = getenv("SLIDEDP_ISA");
     __builtin_cpu_init();
-    bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq");
     bool has2 = __builtin_cpu_supports("avx2");
     if (force) {
         if (!strcmp(force, "scalar"))
@@ -206,15 +210,13 @@ __attribute__((target("avx2"))) static void adamw_avx2(const struct consts *c, c
         adamw_avx2_body(c, a, n, false);
 }
 
-/* a * b mod 2^64 per 64-bit lane, as mul64_avx2 (AVX-512F alone has no 64-bit multiply either). */
-__attribute__((target("avx512f"))) static inline __m512i mul64_avx512(__m512i a, uint64_t b)
+/* a * b mod 2^64 per 64-bit lane (vpmullq). */
+__attribute__((target(AVX512_TARGET))) static inline __m512i mul64_avx512(__m512i a, uint64_t b)
 {
-    __m512i blo = _mm512_set1_epi64((long long)(b & 0xffffffffu)), bhi = _mm512_set1_epi64((long long)(b >> 32));
-    __m512i cross = _mm512_add_epi64(_mm512_mul_epu32(_mm512_srli_epi64(a, 32), blo), _mm512_mul_epu32(a, bhi));
-    return _mm512_add_epi64(_mm512_mul_epu32(a, blo), _mm512_slli_epi64(cross, 32));
+    return _mm512_mullo_epi64(a, _mm512_set1_epi64((long long)b));
 }
 
-__attribute__((target("avx512f"))) static inline __m512i mix64_avx512(__m512i z)
+__attribute__((target(AVX512_TARGET))) static inline __m512i mix64_avx512(__m512i z)
 {
     z = mul64_avx512(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), 0xbf58476d1ce4e5b9ull);
     z = mul64_avx512(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), 0x94d049bb133111ebull);
@@ -222,7 +224,7 @@ __attribute__((target("avx512f"))) static inline __m512i mix64_avx512(__m512i z)
 }
 
 /* The low 32 bits of draws first .. first+15 of the stream key, one per 32-bit lane. */
-__attribute__((target("avx512f"))) static inline __m512i draws16_avx512(uint64_t key, uint64_t first)
+__attribute__((target(AVX512_TARGET))) static inline __m512i draws16_avx512(uint64_t key, uint64_t first)
 {
     const uint64_t g = SPLITMIX64_GAMMA;
     const __m512i steps = _mm512_setr_epi64(0, (long long)g, (long long)(2 * g), (long long)(3 * g), (long long)(4 * g),
@@ -233,13 +235,13 @@ __attribute__((target("avx512f"))) static inline __m512i draws16_avx512(uint64_t
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-__attribute__((target("avx512f"))) static inline __m512 widen16_avx512(const uint16_t *x)
+__attribute__((target(AVX512_TARGET))) static inline __m512 widen16_avx512(const uint16_t *x)
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)x)), 16));
 }
 
 /* bf16 of 16 floats: the top half of each one's bits plus `add` (NaN kept quiet). */
-__attribute__((target("avx512f"))) static inline __m256i bf16_pack16_add_avx512(__m512 x, __m512i add)
+__attribute__((target(AVX512_TARGET))) static inline __m256i bf16_pack16_add_avx512(__m512 x, __m512i add)
 {
     __m512i u = _mm512_castps_si512(x);
     __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, add), 16);
@@ -249,7 +251,7 @@ __attribute__((target("avx512f"))) static inline __m256i bf16_pack16_add_avx512(
     return _mm512_cvtepi32_epi16(r);
 }
 
-__attribute__((target("avx512f,avx512bw"), always_inline)) static inline void adamw_avx512_body(const struct consts *c,
+__attribute__((target(AVX512_TARGET), always_inline)) static inline void adamw_avx512_body(const struct consts *c,
                                                                                               const struct io *a,
                                                                                               size_t n, const bool half)
 {
@@ -285,7 +287,7 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) static inline void ad
         adamw_one(c, a, i);
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void adamw_avx512(const struct consts *c, const struct io *a,
+__attribute__((target(AVX512_TARGET))) static void adamw_avx512(const struct consts *c, const struct io *a,
                                                                      size_t n)
 {
     if (a->m16)
@@ -587,7 +589,7 @@ __attribute__((target("avx2"))) static void adamw8_avx2(const struct consts *c, 
 }
 
 /* As q8_decode8_avx2. */
-__attribute__((target("avx512f"))) static inline __m512 q8_decode16_avx512(__m512i code, __m512i low, int mbits)
+__attribute__((target(AVX512_TARGET))) static inline __m512 q8_decode16_avx512(__m512i code, __m512i low, int mbits)
 {
     const __m512i step = _mm512_set1_epi32(1 << mbits);
     __mmask16 sub = _mm512_cmplt_epu32_mask(code, step);
@@ -597,22 +599,37 @@ __attribute__((target("avx512f"))) static inline __m512 q8_decode16_avx512(__m51
     return _mm512_mask_sub_ps(x, sub, x, _mm512_castsi512_ps(_mm512_slli_epi32(low, 23)));
 }
 
-__attribute__((target("avx512f"))) static inline __m512i q8_encode16_avx512(__m512i u, __m512i low, int mbits,
-                                                                           __m512i r16)
+/* q8_encode of 16 magnitudes' bits u: low = t - 14 in every lane, base = low << 23 (the lowest normal
+ * binade's start), off = (low - 1) << mbits and off_sub = low << mbits (the codes' offsets above it
+ * and in it). */
+__attribute__((target(AVX512_TARGET))) static inline __m512i q8_encode16_avx512(__m512i u, __m512i low, __m512i base,
+                                                                             __m512i off, __m512i off_sub,
+                                                                             int mbits, __m512i rbits)
 {
     const int drop = 23 - mbits;
     __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_srli_epi32(u, 23), low); /* under the lowest binade */
-    __m512i base = _mm512_slli_epi32(low, 23);
     u = _mm512_castps_si512(
         _mm512_mask_add_ps(_mm512_castsi512_ps(u), sub, _mm512_castsi512_ps(u), _mm512_castsi512_ps(base)));
-    __m512i offset = _mm512_mask_add_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(1)), sub, low, _mm512_setzero_si512());
-    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_slli_epi32(r16, drop - 16)), drop),
-                                    _mm512_slli_epi32(offset, mbits));
+    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(u, rbits), drop),
+                                    _mm512_mask_blend_epi32(sub, off, off_sub));
     return _mm512_min_epu32(code, _mm512_set1_epi32((16 << mbits) - 1));
 }
 
+/* The largest lane of x and of y (unsigned), both in one pass of shuffles. */
+__attribute__((target(AVX512_TARGET))) static inline void hmax2_avx512(__m512i x, __m512i y, uint32_t *xmax,
+                                                                      uint32_t *ymax)
+{
+    /* x's lanes 0-7 and y's 0-7 against x's 8-15 and y's 8-15, then within each 256-bit half */
+    __m512i m = _mm512_max_epu32(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xee));
+    m = _mm512_max_epu32(m, _mm512_shuffle_i64x2(m, m, 0xb1));
+    m = _mm512_max_epu32(m, _mm512_shuffle_epi32(m, _MM_PERM_BADC));
+    m = _mm512_max_epu32(m, _mm512_shuffle_epi32(m, _MM_PERM_CDAB));
+    *xmax = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(m));
+    *ymax = (uint32_t)_mm_cvtsi128_si32(_mm512_extracti32x4_epi32(m, 2));
+}
+
 /* q8_draw of elements first .. first+15 (first even): 8 draws, their halves in order. */
-__attribute__((target("avx512f"))) static inline __m512i q8_draws16_avx512(uint64_t key, uint64_t first)
+__attribute__((target(AVX512_TARGET))) static inline __m512i q8_draws16_avx512(uint64_t key, uint64_t first)
 {
     const uint64_t g = SPLITMIX64_GAMMA;
     const __m512i steps = _mm512_setr_epi64(0, (long long)g, (long long)(2 * g), (long long)(3 * g), (long long)(4 * g),
@@ -620,7 +637,7 @@ __attribute__((target("avx512f"))) static inline __m512i q8_draws16_avx512(uint6
     return mix64_avx512(_mm512_add_epi64(_mm512_set1_epi64((long long)(key + ((first >> 1) + 1) * g)), steps));
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void adamw8_avx512(const struct consts *c, const struct io8 *a,
+__attribute__((target(AVX512_TARGET))) static void adamw8_avx512(const struct consts *c, const struct io8 *a,
                                                                       size_t n)
 {
     enum { V = STATE8_BLOCK / 16 };
@@ -630,7 +647,7 @@ __attribute__((target("avx512f,avx512bw"))) static void adamw8_avx512(const stru
                  eps = _mm512_set1_ps(c->eps);
     const __m512i abs = _mm512_set1_epi32(0x7fffffff), low7 = _mm512_set1_epi32(0x7f),
                   low16 = _mm512_set1_epi32(0xffff), one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
-                  fourteen = _mm512_set1_epi32(14);
+                  sign = _mm512_set1_epi32((int)0x80000000u), sign8 = _mm512_set1_epi32(0x80);
     size_t i = 0;
     for (; i + STATE8_BLOCK <= n; i += STATE8_BLOCK) {
         size_t b = i / STATE8_BLOCK;
@@ -641,9 +658,9 @@ __attribute__((target("avx512f,avx512bw"))) static void adamw8_avx512(const stru
         for (int k = 0; k < V; k++) {
             size_t j = i + 16 * (size_t)k;
             __m512i mc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a->in.m + j)));
-            __m512 mo = _mm512_castsi512_ps(
-                _mm512_or_si512(_mm512_castps_si512(q8_decode16_avx512(_mm512_and_si512(mc, low7), mlow, Q8_M_BITS)),
-                                _mm512_slli_epi32(_mm512_srli_epi32(mc, 7), 31)));
+            __m512 mo = _mm512_castsi512_ps(_mm512_ternarylogic_epi32( /* magnitude | (code << 24 & sign) */
+                _mm512_castps_si512(q8_decode16_avx512(_mm512_and_si512(mc, low7), mlow, Q8_M_BITS)),
+                _mm512_slli_epi32(mc, 24), sign, 0xf8));
             __m512 so = q8_decode16_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a->in.v + j))), vlow,
                                            Q8_V_BITS);
             __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(a->g + j), gscale);
@@ -662,18 +679,28 @@ __attribute__((target("avx512f,avx512bw"))) static void adamw8_avx512(const stru
             mmax = _mm512_max_epu32(mmax, _mm512_and_si512(_mm512_castps_si512(mi), abs));
             smax = _mm512_max_epu32(smax, _mm512_and_si512(_mm512_castps_si512(si), abs));
         }
-        uint32_t mt = q8_scale_of(_mm512_reduce_max_epu32(mmax)), vt = q8_scale_of(_mm512_reduce_max_epu32(smax));
+        uint32_t mbits_max, sbits_max;
+        hmax2_avx512(mmax, smax, &mbits_max, &sbits_max);
+        uint32_t mt = q8_scale_of(mbits_max), vt = q8_scale_of(sbits_max);
         a->out.m_scale[b] = (uint8_t)mt;
         a->out.v_scale[b] = (uint8_t)vt;
-        mlow = _mm512_sub_epi32(_mm512_set1_epi32((int)mt), fourteen);
-        vlow = _mm512_sub_epi32(_mm512_set1_epi32((int)vt), fourteen);
+        mlow = _mm512_set1_epi32((int)mt - 14);
+        vlow = _mm512_set1_epi32((int)vt - 14);
+        const __m512i mbase = _mm512_slli_epi32(mlow, 23), vbase = _mm512_slli_epi32(vlow, 23);
+        const __m512i moff = _mm512_slli_epi32(_mm512_sub_epi32(mlow, one), Q8_M_BITS),
+                      msub = _mm512_slli_epi32(mlow, Q8_M_BITS);
+        const __m512i voff = _mm512_slli_epi32(_mm512_sub_epi32(vlow, one), Q8_V_BITS),
+                      vsub = _mm512_slli_epi32(vlow, Q8_V_BITS);
         for (int k = 0; k < V; k++) {
             size_t j = i + 16 * (size_t)k;
             __m512i r = q8_draws16_avx512(a->round_key, a->round_first + j);
             __m512i mu = _mm512_castps_si512(mnew[k]), su = _mm512_and_si512(_mm512_castps_si512(snew[k]), abs);
-            __m512i mcode = q8_encode16_avx512(_mm512_and_si512(mu, abs), mlow, Q8_M_BITS, _mm512_and_si512(r, low16));
-            mcode = _mm512_or_si512(mcode, _mm512_slli_epi32(_mm512_srli_epi32(mu, 31), 7));
-            __m512i vcode = q8_encode16_avx512(su, vlow, Q8_V_BITS, _mm512_srli_epi32(r, 16));
+            /* the random bits below the kept ones: bits 0-15 of the draw for m, 16-31 for v */
+            __m512i mcode = q8_encode16_avx512(_mm512_and_si512(mu, abs), mlow, mbase, moff, msub, Q8_M_BITS,
+                                               _mm512_slli_epi32(_mm512_and_si512(r, low16), 23 - Q8_M_BITS - 16));
+            mcode = _mm512_ternarylogic_epi32(mcode, _mm512_srli_epi32(mu, 24), sign8, 0xf8); /* | (mu >> 24 & 0x80) */
+            __m512i vcode = q8_encode16_avx512(su, vlow, vbase, voff, vsub, Q8_V_BITS,
+                                               _mm512_slli_epi32(_mm512_srli_epi32(r, 16), 23 - Q8_V_BITS - 16));
             /* a non-zero sqrt(v) keeps code 1 at least */
             vcode = _mm512_mask_max_epu32(vcode, _mm512_test_epi32_mask(su, su), vcode, one);
             _mm_storeu_si128((__m128i *)(a->out.m + j), _mm512_cvtepi32_epi8(mcode));
@@ -741,7 +768,7 @@ __attribute__((target("avx2"))) static double sumsq_block_avx2(const float *x, s
     return sumsq_lanes_done(lane, x, i, n);
 }
 
-__attribute__((target("avx512f"))) static double sumsq_block_avx512(const float *x, size_t n)
+__attribute__((target(AVX512_TARGET))) static double sumsq_block_avx512(const float *x, size_t n)
 {
     __m512d acc = _mm512_setzero_pd();
     size_t i = 0;
