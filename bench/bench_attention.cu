@@ -156,7 +156,9 @@ static double pack_positions(std::vector<int32_t> &pos, int B, int T, const char
 }
 
 /* Document attention against dense causal attention at one length mix: fwd+bwd milliseconds of
- * both, on the same tensors. */
+ * both, on the same tensors, in each mode of runtime.deterministic (deterministic, the default: the
+ * dense backward runs the built-in kernels; not: cuDNN's where it loads). A mix whose rows are each
+ * one document runs dense in the engine (model_set_positions), so its line says so. */
 static int run_documents(struct backend *be, shape s, const char *mix)
 {
     const struct backend_ops *o = be->ops;
@@ -176,14 +178,25 @@ static int run_documents(struct backend *be, shape s, const char *mix)
             o->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, p, s.B, s.T, s.Hq, s.Hkv, s.D);
         });
     };
-    float t_doc = fb(pos), t_dense = fb(NULL);
     int docs = 0;
-    for (int32_t x : hpos)
-        docs += x == 0;
-    printf("attention B=%d T=%d documents %s: %d documents, %.1f%% of the causal pairs; fwd+bwd document %.3f ms, "
-           "dense causal %.3f ms (%.2fx)\n",
-           s.B, s.T, mix, docs, 100.0 * pairs / dense, t_doc, t_dense, t_dense / t_doc);
-    printf("RESULT docattn_fwdbwd_ms_%s %.3f\nRESULT dense_fwdbwd_ms_%s %.3f\n", mix, t_doc, mix, t_dense);
+    bool one_per_row = true;
+    for (size_t i = 0; i < hpos.size(); i++) {
+        docs += hpos[i] == 0;
+        one_per_row &= hpos[i] == (int32_t)(i % s.T);
+    }
+    for (bool det : {true, false}) {
+        bool was = be->deterministic;
+        be->deterministic = det;
+        float t_doc = fb(pos), t_dense = fb(NULL);
+        be->deterministic = was;
+        const char *mode = det ? "det" : "nondet";
+        printf("attention B=%d T=%d documents %s, %s: %d documents, %.1f%% of the causal pairs; fwd+bwd document %.3f ms, "
+               "dense causal %.3f ms (%.2fx)%s\n",
+               s.B, s.T, mix, det ? "deterministic" : "not deterministic", docs, 100.0 * pairs / dense, t_doc, t_dense,
+               t_dense / t_doc, one_per_row ? "; one document per row: the engine runs it dense" : "");
+        printf("RESULT docattn_fwdbwd_ms_%s_%s %.3f\nRESULT dense_fwdbwd_ms_%s_%s %.3f\n", mix, mode, t_doc, mix, mode,
+               t_dense);
+    }
     void *bufs[] = {q, k, v, out, dout, dq, dk, dv, lse, pos};
     for (void *p : bufs)
         o->free(be, p);

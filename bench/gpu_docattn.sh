@@ -8,34 +8,43 @@
 #      document attention against dense causal attention for several length mixes (bench_attention);
 #   3. step time of the Qwen3-1.7B job (seq 4096, 2 sequences per micro-step, 8 micro-steps) on one
 #      packed SFT shard of documents of lognormal lengths (mean ~600, median ~400, tail clipped at
-#      4096), with [data] attention = document against window, side by side.
+#      4096), with [data] attention = document against window, side by side, in each mode of
+#      runtime.deterministic (true, the default, then false).
+# PARTS="2 3" (say) runs only those parts (default "1 2 3").
 # Logs under $OUT (or .gpuout/); the summary in $OUT/summary.log.
 . bench/gpu_build.sh
 
+part() { [[ " ${PARTS:-1 2 3} " == *" $1 "* ]]; }
+
 # ---- 1. correctness ----
-timeout 200 "$build/tests/test_backend_ops" > "$out/backend_ops.log" 2>&1
-log "test_backend_ops exit $? : $(grep -E '^# [0-9]+ failures' "$out/backend_ops.log" | tr '\n' ' ')"
-SLIDEDP_ATTENTION=builtin timeout 200 "$build/tests/test_backend_ops" > "$out/backend_ops_builtin.log" 2>&1
-log "test_backend_ops, built-in attention, exit $?"
-grep -E 'FAILED|NOT BIT|non-finite' "$out/backend_ops.log" "$out/backend_ops_builtin.log" | grep -v broken | head -20 |
-    tee -a "$out/summary.log"
-for det in 1 0; do
-    SLIDEDP_DOCATTN_CUDA=1 SLIDEDP_DOCATTN_DETERMINISTIC=$det timeout 300 "$build/tests/test_docattn_fixtures" fixtures \
-        > "$out/docattn_cuda_det$det.log" 2>&1
-    log "test_docattn on CUDA, deterministic $det: exit $?"
-    grep -E '^# |FAILED' "$out/docattn_cuda_det$det.log" | grep -v 'step\|final weights' | tee -a "$out/summary.log"
-done
+if part 1; then
+    timeout 200 "$build/tests/test_backend_ops" > "$out/backend_ops.log" 2>&1
+    log "test_backend_ops exit $? : $(grep -E '^# [0-9]+ failures' "$out/backend_ops.log" | tr '\n' ' ')"
+    SLIDEDP_ATTENTION=builtin timeout 200 "$build/tests/test_backend_ops" > "$out/backend_ops_builtin.log" 2>&1
+    log "test_backend_ops, built-in attention, exit $?"
+    grep -E 'FAILED|NOT BIT|non-finite' "$out/backend_ops.log" "$out/backend_ops_builtin.log" | grep -v broken | head -20 |
+        tee -a "$out/summary.log"
+    for det in 1 0; do
+        SLIDEDP_DOCATTN_CUDA=1 SLIDEDP_DOCATTN_DETERMINISTIC=$det timeout 300 "$build/tests/test_docattn_fixtures" fixtures \
+            > "$out/docattn_cuda_det$det.log" 2>&1
+        log "test_docattn on CUDA, deterministic $det: exit $?"
+        grep -E '^# |FAILED' "$out/docattn_cuda_det$det.log" | grep -v 'step\|final weights' | tee -a "$out/summary.log"
+    done
+fi
 
 # ---- 2. the kernels alone ----
-for impl in default builtin; do
-    if [ $impl = builtin ]; then export SLIDEDP_ATTENTION=builtin; else unset SLIDEDP_ATTENTION; fi
-    timeout 200 "$build/bench/bench_attention" > "$out/bench_attention_$impl.log" 2>&1 || log "bench_attention failed"
-    log "attention kernels ($impl dense path):"
-    grep -E '^attention .* documents' "$out/bench_attention_$impl.log" | tee -a "$out/summary.log"
-done
-unset SLIDEDP_ATTENTION
+if part 2; then
+    for impl in default builtin; do
+        if [ $impl = builtin ]; then export SLIDEDP_ATTENTION=builtin; else unset SLIDEDP_ATTENTION; fi
+        timeout 200 "$build/bench/bench_attention" > "$out/bench_attention_$impl.log" 2>&1 || log "bench_attention failed"
+        log "attention kernels ($impl dense path):"
+        grep -E '^attention .* documents' "$out/bench_attention_$impl.log" | tee -a "$out/summary.log"
+    done
+    unset SLIDEDP_ATTENTION
+fi
 
 # ---- 3. step time, document against window attention ----
+if part 3; then
 d=/tmp/docattn_bench
 rm -rf "$d" && mkdir -p "$d"
 python3 - "$d/train.bin" <<'PY'
@@ -67,21 +76,26 @@ docs = int((f & 2).sum())
 print(f"docattn shard: {windows} windows, {docs} documents, mean length {len(t) / docs:.0f} tokens (padding included)")
 PY
 bench_job "$d"
-for att in document window; do
-    timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" "log.dir=$d/$att/log" \
-        "checkpoint.dir=$d/$att/ckpt" train.grad_accum=8 train.steps=6 data.attention=$att > "$out/step_$att.log" 2>&1
-    log "train $att attention: exit $?"
+for det in true false; do
+    for att in document window; do
+        timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" "log.dir=$d/$att-$det/log" \
+            "checkpoint.dir=$d/$att-$det/ckpt" train.grad_accum=8 train.steps=6 data.attention=$att \
+            runtime.deterministic=$det > "$out/step_${att}_det_$det.log" 2>&1
+        log "train $att attention, deterministic $det: exit $?"
+    done
 done
 python3 - "$d" <<'PY' | tee -a "$out/summary.log"
 import json, statistics, sys
-r = {}
-for att in ("document", "window"):
-    try:
-        steps = [json.loads(l) for l in open(f"{sys.argv[1]}/{att}/log/metrics.jsonl") if l.strip()]
-        r[att] = statistics.median(s["step_s"] for s in steps[1:])
-    except (OSError, ValueError, KeyError):
-        r[att] = float("nan")
-print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mean ~600): median step "
-      f"(steps 2-6) document {r['document']:.3f} s, window {r['window']:.3f} s, "
-      f"window/document {r['window'] / r['document']:.2f}")
+for det in ("true", "false"):
+    r = {}
+    for att in ("document", "window"):
+        try:
+            steps = [json.loads(l) for l in open(f"{sys.argv[1]}/{att}-{det}/log/metrics.jsonl") if l.strip()]
+            r[att] = statistics.median(s["step_s"] for s in steps[1:])
+        except (OSError, ValueError, KeyError):
+            r[att] = float("nan")
+    print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mean ~600), deterministic {det}: "
+          f"median step (steps 2-6) document {r['document']:.3f} s, window {r['window']:.3f} s, "
+          f"window/document {r['window'] / r['document']:.2f}")
 PY
+fi
