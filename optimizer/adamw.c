@@ -456,7 +456,8 @@ static void adamw8_block_scalar(const struct consts *c, const struct io8 *a, siz
         float denom = si / c->bc2_sqrt + c->eps;
         pi = pi + c->neg_step * (mi / denom);
         a->po[i] = pi;
-        a->p16[i] = f32_to_bf16(pi);
+        if (a->p16)
+            a->p16[i] = f32_to_bf16(pi);
         mnew[k] = mi;
         snew[k] = si;
         uint32_t r = q8_draw(a->round_key, a->round_first + i);
@@ -560,7 +561,8 @@ __attribute__((target("avx2"))) static void adamw8_avx2(const struct consts *c, 
             __m256 denom = _mm256_add_ps(_mm256_div_ps(si, bc2s), eps);
             pi = _mm256_add_ps(pi, _mm256_mul_ps(neg_step, _mm256_div_ps(mi, denom)));
             _mm256_storeu_ps(a->po + j, pi);
-            _mm_storeu_si128((__m128i *)(a->p16 + j), bf16_pack8_avx2(pi));
+            if (a->p16)
+                _mm_storeu_si128((__m128i *)(a->p16 + j), bf16_pack8_avx2(pi));
             mnew[k] = mi;
             snew[k] = si;
             mmax = _mm256_max_epu32(mmax, _mm256_and_si256(_mm256_castps_si256(mi), abs));
@@ -637,8 +639,11 @@ __attribute__((target(AVX512_TARGET))) static inline __m512i q8_draws16_avx512(u
     return mix64_avx512(_mm512_add_epi64(_mm512_set1_epi64((long long)(key + ((first >> 1) + 1) * g)), steps));
 }
 
-__attribute__((target(AVX512_TARGET))) static void adamw8_avx512(const struct consts *c, const struct io8 *a,
-                                                                      size_t n)
+/* with_p16: write the bf16 copy (a constant in each caller, so the variant without it has no pack:
+ * this update is bound by the vector ALUs, not the divider, so the pack's instructions count). */
+__attribute__((target(AVX512_TARGET), always_inline)) static inline void adamw8_avx512_body(const struct consts *c,
+                                                                                          const struct io8 *a,
+                                                                                          size_t n, bool with_p16)
 {
     enum { V = STATE8_BLOCK / 16 };
     const __m512 gscale = _mm512_set1_ps(c->gscale), decay = _mm512_set1_ps(c->decay), w1 = _mm512_set1_ps(c->w1),
@@ -672,8 +677,10 @@ __attribute__((target(AVX512_TARGET))) static void adamw8_avx512(const struct co
             __m512 denom = _mm512_add_ps(_mm512_div_ps(si, bc2s), eps);
             pi = _mm512_add_ps(pi, _mm512_mul_ps(neg_step, _mm512_div_ps(mi, denom)));
             _mm512_storeu_ps(a->po + j, pi);
-            __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(pi), 16), one);
-            _mm256_storeu_si256((__m256i *)(a->p16 + j), bf16_pack16_add_avx512(pi, _mm512_add_epi32(bias, lsb)));
+            if (with_p16) {
+                __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(pi), 16), one);
+                _mm256_storeu_si256((__m256i *)(a->p16 + j), bf16_pack16_add_avx512(pi, _mm512_add_epi32(bias, lsb)));
+            }
             mnew[k] = mi;
             snew[k] = si;
             mmax = _mm512_max_epu32(mmax, _mm512_and_si512(_mm512_castps_si512(mi), abs));
@@ -709,6 +716,15 @@ __attribute__((target(AVX512_TARGET))) static void adamw8_avx512(const struct co
     }
     if (i < n)
         adamw8_block_scalar(c, a, i, n - i);
+}
+
+__attribute__((target(AVX512_TARGET))) static void adamw8_avx512(const struct consts *c, const struct io8 *a,
+                                                                 size_t n)
+{
+    if (a->p16)
+        adamw8_avx512_body(c, a, n, true);
+    else
+        adamw8_avx512_body(c, a, n, false);
 }
 
 void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, struct state8 in,

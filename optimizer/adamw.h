@@ -71,7 +71,8 @@ struct state8 {
  * adamw_update_to, the new m and sqrt(v) quantized per block; element i is rounded with 32 bits of
  * SplitMix64 seeded with s->round_key (bits 0-15 m, bits 16-31 v): with j = s->round_first + i, the
  * low half of draw j/2 for even j, the high half for odd j. s->round_first is even. p and the arrays start at a block's
- * first element; n need not be a multiple of STATE8_BLOCK (the last block is partial). */
+ * first element; n need not be a multiple of STATE8_BLOCK (the last block is partial). p16 may be
+ * NULL: no bf16 copy (the workers stream the master). */
 void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, struct state8 in,
                           const float *g, float *p_out, struct state8 out, uint16_t *p16, size_t n);
 

@@ -370,7 +370,9 @@ static void update_lane(struct optim *o, int t)
             struct state8 in = {o->shm.exp_avg8 + off, o->shm.exp_avg_sq8 + off, o->shm.exp_avg_scale + sb,
                                 o->shm.exp_avg_sq_scale + sb};
             struct state8 out = {l->stage_m, l->stage_v, l->stage_m_scale, l->stage_v_scale};
-            adamw_update_8bit_to(o->isa, &st, o->shm.master + off, in, g, l->stage_p, out, l->stage_p16, n);
+            /* no bf16 copy to compute when the workers stream the master (journal_apply writes none) */
+            adamw_update_8bit_to(o->isa, &st, o->shm.master + off, in, g, l->stage_p, out,
+                                 o->shm.params16 ? l->stage_p16 : NULL, n);
         } else if (o->state == OPTIM_STATE_BF16) {
             adamw_update_bf16_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg16 + off, o->shm.exp_avg_sq16 + off,
                                  g, l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);

@@ -335,6 +335,32 @@ static void test_isa_and_split(void **state)
     assert_memory_not_equal(again.mo, whole.mo, sizeof whole.mo);
 }
 
+/* Without a bf16 copy (p16 NULL, as when the workers stream the master) every ISA gives the same
+ * p and state as with it, and touches no copy. */
+static void test_without_bf16_copy(void **state)
+{
+    uint64_t seed = tu_seed("state8 no copy", 31);
+    static struct case8 base, with, without;
+    case_fill(&base, &seed);
+    for (int isa = 0; isa <= (int)adamw_isa_detect(); isa++) {
+        with = without = base;
+        adamw_update_8bit_to((enum adamw_isa)isa, &step8, with.p, in_of(&with, 0), with.g, with.po, out_of(&with, 0),
+                             with.p16, N);
+        memset(without.p16, 0xa5, sizeof without.p16);
+        adamw_update_8bit_to((enum adamw_isa)isa, &step8, without.p, in_of(&without, 0), without.g, without.po,
+                             out_of(&without, 0), NULL, N);
+        printf("# %s: 8-bit update without the bf16 copy gives the same p and state\n",
+               adamw_isa_name((enum adamw_isa)isa));
+        assert_memory_equal(without.po, with.po, sizeof with.po);
+        assert_memory_equal(without.mo, with.mo, sizeof with.mo);
+        assert_memory_equal(without.vo, with.vo, sizeof with.vo);
+        assert_memory_equal(without.mso, with.mso, sizeof with.mso);
+        assert_memory_equal(without.vso, with.vso, sizeof with.vso);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(without.p16[i], 0xa5a5);
+    }
+}
+
 /* With beta2 = 0.999 and no gradient, sqrt(v) shrinks by 0.05% a step, far under half a step of
  * its code (1.6% to 3.1%): rounded to nearest it would never move. Rounded stochastically, v's mean
  * over many elements follows 0.999^s; m's decay by 0.9 too. */
@@ -376,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_special_values),
         cmocka_unit_test(test_update_against_fp32),
         cmocka_unit_test(test_isa_and_split),
+        cmocka_unit_test(test_without_bf16_copy),
         cmocka_unit_test(test_unbiased_decay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
