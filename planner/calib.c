@@ -188,10 +188,11 @@ static void *par_thread(void *arg)
             bf16_to_f32_n(g32, g16 + i, k);
             st.round_first = i;
             struct state8 in = {m8 + i, v8 + i, ms + b, vs + b}, out = {sm, sv, sms, svs};
-            adamw_update_8bit_to(j->isa, &st, j->a + i, in, g32, stage, out, stage16, k);
+            /* no bf16 copy, as the optimizer runs it when the workers stream the master */
+            adamw_update_8bit_to(j->isa, &st, j->a + i, in, g32, stage, out, NULL, k);
             memcpy(ms + b, sms, (k + STATE8_BLOCK - 1) / STATE8_BLOCK);
             memcpy(vs + b, svs, (k + STATE8_BLOCK - 1) / STATE8_BLOCK);
-            adamw_store_staged(j->a + i, m8 + i, v8 + i, NULL, stage, sm, sv, stage16, k, 1);
+            adamw_store_staged(j->a + i, m8 + i, v8 + i, NULL, stage, sm, sv, NULL, k, 1);
         }
     } else { /* m and v in the b area, the gradients in the c area, all bf16 */
         uint16_t *m16 = (uint16_t *)j->b, *v16 = m16 + j->n, *g16 = (uint16_t *)j->c;
