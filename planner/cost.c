@@ -16,8 +16,7 @@
 
 struct dev {
     bool cpu;
-    bool deterministic; /* runtime.deterministic: a CUDA attention backward without atomics */
-    bool builtin_attention; /* document attention on CUDA: the built-in kernels both ways */
+    enum attn_kernels attn;
     const struct calib_cpu *c;
     const struct calib_gpu *g;
 };
@@ -58,12 +57,22 @@ static double attn_pairs(int B, int T, int Hq, double frac)
     return (double)B * Hq * T * (T + 1.0) / 2.0 * frac;
 }
 
+enum attn_kernels cost_attention_kernels(const struct job_config *job)
+{
+    if (job->device == DEVICE_CPU)
+        return ATTN_KERNELS_CPU;
+    if (job->attention == ATTENTION_DOCUMENT)
+        return ATTN_KERNELS_BUILTIN;
+    return job->deterministic ? ATTN_KERNELS_DET_BACKWARD : ATTN_KERNELS_CUDNN;
+}
+
 static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D, double frac)
 {
     double P = attn_pairs(B, T, Hq, frac);
     if (d->cpu)
         return P * (d->c->attn_fwd_pair_dim_s * D + d->c->attn_fwd_pair_s);
-    return 4 * P * D / (d->builtin_attention ? d->g->attn_fwd_builtin_flops : d->g->attn_fwd_flops) + d->g->launch_s;
+    return 4 * P * D / (d->attn == ATTN_KERNELS_BUILTIN ? d->g->attn_fwd_builtin_flops : d->g->attn_fwd_flops) +
+           d->g->launch_s;
 }
 
 /* The backward is what forward + backward costs beyond the forward (FlashAttention counts it as
@@ -76,7 +85,7 @@ static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D, doubl
     if (d->cpu)
         return P * (d->c->attn_bwd_pair_dim_s * D + d->c->attn_bwd_pair_s);
     double F = 4 * P * D;
-    if (d->deterministic || d->builtin_attention)
+    if (d->attn != ATTN_KERNELS_CUDNN)
         return 2.5 * F / d->g->attn_bwd_det_flops + d->g->launch_s;
     return fmax(3.5 * F / d->g->attn_fwdbwd_flops - F / d->g->attn_fwd_flops, 2.5 * F / d->g->attn_fwd_flops) +
            d->g->launch_s;
@@ -947,9 +956,7 @@ void cost_step(const struct cost_case *mc, struct step_pred *out)
 {
     const struct calib *cal = mc->cal;
     memset(out, 0, sizeof *out);
-    bool cpu = mc->job->device == DEVICE_CPU;
-    struct dev d = {cpu, mc->job->deterministic, !cpu && mc->job->attention == ATTENTION_DOCUMENT, &cal->host.cpu,
-                    &cal->gpu};
+    struct dev d = {mc->job->device == DEVICE_CPU, cost_attention_kernels(mc->job), &cal->host.cpu, &cal->gpu};
     struct rates rt = rates_of(mc);
     struct sim s;
     sim_init(&s, mc, d.cpu);

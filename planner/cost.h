@@ -105,6 +105,13 @@ double cost_head_flops(const struct model_config *cfg, int64_t N);
 /* Bytes of one kept layer's activations (worker/model.c acts_alloc). */
 int64_t cost_layer_act_bytes(const struct model_config *cfg, int64_t N, int act_size, int align);
 
+/* The attention kernels a job runs (worker/cuda/attention_*.cu), so the rates that price them:
+ * cuDNN's fused kernels both ways; cuDNN's forward and the built-in deterministic backward
+ * (runtime.deterministic); the built-in kernels both ways (document attention: cuDNN's graphs take
+ * no document starts); or the CPU backend's. */
+enum attn_kernels { ATTN_KERNELS_CPU, ATTN_KERNELS_CUDNN, ATTN_KERNELS_DET_BACKWARD, ATTN_KERNELS_BUILTIN };
+enum attn_kernels cost_attention_kernels(const struct job_config *job);
+
 /* Device memory for the case with `kept` layers keeping their activations. */
 void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *out);
 void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out);

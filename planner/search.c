@@ -1096,11 +1096,14 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
             plan->param_route == PARAMS_SHARDED ? "sharded" : "replicated",
             plan->grad_route == GRADS_GPU ? "reduced on GPUs" : "reduced on CPU",
             plan->accumulate_on_device ? ", micro-steps summed on the device" : "");
-    /* which attention backward the CUDA backend runs, so which rate priced it (cost.c attn_bwd_s) */
-    const char *backward = job->device == DEVICE_CPU              ? ""
-                           : job->attention == ATTENTION_DOCUMENT ? "; built-in kernels both ways (documents)"
-                           : job->deterministic                   ? "; backward deterministic (built-in kernels)"
-                                                                  : "; backward cuDNN's (not deterministic)";
+    /* which attention kernels the CUDA backend runs, so which rates priced them */
+    static const char *const kernels[] = {
+        [ATTN_KERNELS_CPU] = "",
+        [ATTN_KERNELS_CUDNN] = "; backward cuDNN's (not deterministic)",
+        [ATTN_KERNELS_DET_BACKWARD] = "; backward deterministic (built-in kernels)",
+        [ATTN_KERNELS_BUILTIN] = "; built-in kernels both ways (documents)",
+    };
+    const char *backward = kernels[cost_attention_kernels(job)];
     if (job->attention_pairs > 0)
         fprintf(f, "plan: attention priced by the data's documents: %.1f%% of whole windows' (query, key) pairs%s\n",
                 100 * job->attention_pairs, backward);
