@@ -793,22 +793,22 @@ int main(int argc, char **argv)
     }
     struct plan plan;
     struct plan_info info = {0};
-    struct plan_seq_limit longest;
-    if (plan_choose(&job, &cfg, &cal, &topo, host_cpus, hosts, &plan, &info) != 0) {
-        char error[1024];
+    bool chosen = plan_choose(&job, &cfg, &cal, &topo, host_cpus, hosts, &plan, &info) == 0;
+    char error[1024] = ""; /* kept: the longest-sequence search below sets sd_errmsg again */
+    if (!chosen) {
         snprintf(error, sizeof error, "%s", sd_errmsg());
         fprintf(stderr, "slidedp-plan: %s%s\n", info.failed ? "the job does not fit the GPU memory: " : "", error);
-        if (info.failed) {
-            if (plan_longest_seq_len(&job, &cfg, &cal, &topo, host_cpus, hosts, &longest) != 0) {
-                fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
-                return 2;
-            }
-            print_failure(&job, &info, &longest, error, json);
-        }
-        return 2;
+        if (!info.failed)
+            return 2;
     }
+    /* a job that does not fit still learns the longest sequence that would */
+    struct plan_seq_limit longest;
     if (plan_longest_seq_len(&job, &cfg, &cal, &topo, host_cpus, hosts, &longest) != 0) {
         fprintf(stderr, "slidedp-plan: %s\n", sd_errmsg());
+        return 2;
+    }
+    if (!chosen) {
+        print_failure(&job, &info, &longest, error, json);
         return 2;
     }
     struct report r = {
