@@ -5,7 +5,8 @@
 #      kernels alone), and tests/test_docattn.c's fixtures (tests/fixtures/*_docs) on CUDA,
 #      deterministic and not;
 #   2. the attention kernels alone at Qwen3-1.7B's shape (B=2 T=4096, 16 query heads, 8 kv, D=128),
-#      document attention against dense causal attention for several length mixes (bench_attention);
+#      document attention (cuDNN over the document table, and the built-in kernels alone) against
+#      dense causal attention for several length mixes (bench_attention);
 #   3. step time of the Qwen3-1.7B job (seq 4096, 2 sequences per micro-step, 8 micro-steps) on one
 #      packed SFT shard of documents of lognormal lengths (mean ~600, median ~400, tail clipped at
 #      4096), with [data] attention = document against window, side by side, in each mode of
@@ -24,6 +25,8 @@ if part 1; then
     log "test_backend_ops, built-in attention, exit $?"
     grep -E 'FAILED|NOT BIT|non-finite' "$out/backend_ops.log" "$out/backend_ops_builtin.log" | grep -v broken | head -20 |
         tee -a "$out/summary.log"
+    # cuDNN's document plans (attention_cudnn.c): any shape it refused, with its reason
+    grep -h 'has no .*plan' "$out/backend_ops.log" | sort | uniq -c | head -10 | tee -a "$out/summary.log"
     for det in 1 0; do
         SLIDEDP_DOCATTN_CUDA=1 SLIDEDP_DOCATTN_DETERMINISTIC=$det timeout 300 "$build/tests/test_docattn_fixtures" fixtures \
             > "$out/docattn_cuda_det$det.log" 2>&1
@@ -38,7 +41,7 @@ if part 2; then
         if [ $impl = builtin ]; then export SLIDEDP_ATTENTION=builtin; else unset SLIDEDP_ATTENTION; fi
         timeout 200 "$build/bench/bench_attention" > "$out/bench_attention_$impl.log" 2>&1 || log "bench_attention failed"
         log "attention kernels ($impl dense path):"
-        grep -E '^attention .* documents' "$out/bench_attention_$impl.log" | tee -a "$out/summary.log"
+        grep -E '^attention .* documents|has no .*plan' "$out/bench_attention_$impl.log" | tee -a "$out/summary.log"
     done
     unset SLIDEDP_ATTENTION
 fi

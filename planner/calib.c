@@ -39,7 +39,6 @@ const struct calib_gpu_field calib_gpu_fields[] = {
     GPU_FIELD(attn_fwd_flops, 510e12, "FLOP/s"),
     GPU_FIELD(attn_fwdbwd_flops, 440e12, "FLOP/s"),
     GPU_FIELD(attn_bwd_det_flops, 215e12, "FLOP/s"),
-    GPU_FIELD(attn_fwd_builtin_flops, 309e12, "FLOP/s"),
     GPU_FIELD(mem_bw, 3.0e12, "B/s"),
     GPU_FIELD(launch_s, 5e-6, "s"),
     GPU_FIELD(mem_bytes, 80.0 * (1ull << 30), "B"),

@@ -87,9 +87,6 @@ struct calib_gpu {
     double attn_fwdbwd_flops; /* forward + backward FLOP/s (3.5 forwards' FLOPs) */
     double attn_bwd_det_flops; /* the backward alone with runtime.deterministic (2.5 forwards' FLOPs): it
                                 * runs other kernels than the fused non-deterministic one */
-    double attn_fwd_builtin_flops; /* the built-in forward kernel's FLOP/s, which document attention runs
-                                    * (cuDNN's graphs take no document starts), with the built-in backward
-                                    * at attn_bwd_det_flops */
     double mem_bw;            /* device memory bytes/s of elementwise kernels */
     double launch_s;          /* per kernel launch */
     double mem_bytes;         /* device memory used when runtime.gpu_mem = auto */

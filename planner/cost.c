@@ -61,8 +61,6 @@ enum attn_kernels cost_attention_kernels(const struct job_config *job)
 {
     if (job->device == DEVICE_CPU)
         return ATTN_KERNELS_CPU;
-    if (job->attention == ATTENTION_DOCUMENT)
-        return ATTN_KERNELS_BUILTIN;
     return job->deterministic ? ATTN_KERNELS_DET_BACKWARD : ATTN_KERNELS_CUDNN;
 }
 
@@ -71,14 +69,13 @@ static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D, doubl
     double P = attn_pairs(B, T, Hq, frac);
     if (d->cpu)
         return P * (d->c->attn_fwd_pair_dim_s * D + d->c->attn_fwd_pair_s);
-    return 4 * P * D / (d->attn == ATTN_KERNELS_BUILTIN ? d->g->attn_fwd_builtin_flops : d->g->attn_fwd_flops) +
-           d->g->launch_s;
+    return 4 * P * D / d->g->attn_fwd_flops + d->g->launch_s;
 }
 
 /* The backward is what forward + backward costs beyond the forward (FlashAttention counts it as
- * 2.5 forwards). Deterministic, or with document attention, the CUDA backend runs its own backward
- * kernels instead of cuDNN's (worker/cuda/attention_bwd.cu), at a rate of their own; the CPU
- * backend's ops are the same either way. */
+ * 2.5 forwards). Deterministic, the CUDA backend runs its own backward kernels instead of cuDNN's
+ * (worker/cuda/attention_bwd.cu), at a rate of their own; the CPU backend's ops are the same either
+ * way. Document attention runs the same kernels over fewer pairs. */
 static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D, double frac)
 {
     double P = attn_pairs(B, T, Hq, frac);
@@ -260,6 +257,10 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
      * accumulator, the accumulator and the row sums) and the rmsnorm weight-gradient partials (at
      * most 2 x 132 SMs slices of C) */
     int64_t attn_scratch = 2 * N * q * 4 + N * cfg->num_heads * 4 + ((int64_t)1 << 20);
+    /* cuDNN's document backward (attention_cudnn.c) adds the token-major lse, and with grouped KV
+     * heads the full-head dK and dV (sized in fp32) */
+    if (!cpu && job->attention == ATTENTION_DOCUMENT && !job->deterministic)
+        attn_scratch += 2 * N * cfg->num_heads * 4 + (cfg->num_kv_heads != cfg->num_heads ? 2 * N * q * 4 : 0);
     int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;
     out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)64 << 20) + al(op_scratch, a);
     if (!cpu && plan_streams_master(mc->plan)) /* the streamed master's fp32 staging */

@@ -107,9 +107,9 @@ int64_t cost_layer_act_bytes(const struct model_config *cfg, int64_t N, int act_
 
 /* The attention kernels a job runs (worker/cuda/attention_*.cu), so the rates that price them:
  * cuDNN's fused kernels both ways; cuDNN's forward and the built-in deterministic backward
- * (runtime.deterministic); the built-in kernels both ways (document attention: cuDNN's graphs take
- * no document starts); or the CPU backend's. */
-enum attn_kernels { ATTN_KERNELS_CPU, ATTN_KERNELS_CUDNN, ATTN_KERNELS_DET_BACKWARD, ATTN_KERNELS_BUILTIN };
+ * (runtime.deterministic); or the CPU backend's. Document attention takes the same ones (cuDNN's
+ * over a table of the documents) on the pairs within documents. */
+enum attn_kernels { ATTN_KERNELS_CPU, ATTN_KERNELS_CUDNN, ATTN_KERNELS_DET_BACKWARD };
 enum attn_kernels cost_attention_kernels(const struct job_config *job);
 
 /* Device memory for the case with `kept` layers keeping their activations. */

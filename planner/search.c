@@ -1101,7 +1101,6 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
         [ATTN_KERNELS_CPU] = "",
         [ATTN_KERNELS_CUDNN] = "; backward cuDNN's (not deterministic)",
         [ATTN_KERNELS_DET_BACKWARD] = "; backward deterministic (built-in kernels)",
-        [ATTN_KERNELS_BUILTIN] = "; built-in kernels both ways (documents)",
     };
     const char *backward = kernels[cost_attention_kernels(job)];
     if (job->attention_pairs > 0)

@@ -116,6 +116,10 @@ struct backend_ops {
      * its document, 0 at a document's first token and counting up by one to the document's end (so
      * a row is a run of documents; token t's document starts at t - pos[t]). NULL: the row is one
      * document, pos[t] = t. The first token of every row has position 0. */
+    /* Uploads positions pos (B,T) from the host into dst, as upload does, and lets the backend
+     * derive what its attention needs from the host copy (the CUDA backend: a table of the
+     * documents for cuDNN). Attention on dst is valid until the next upload into it. */
+    void (*upload_positions)(struct backend *be, int32_t *dst, const int32_t *pos, int B, int T);
 
     /* In place on x(B,T,H,D): non-interleaved rotation, dim j pairs with j+D/2 (HF rotate_half):
      *   x1' = x1*cos - x2*sin ; x2' = x2*cos + x1*sin   for j < D/2, at position pos[t] (t when

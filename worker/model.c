@@ -280,7 +280,7 @@ void model_set_positions(struct model *m, const int32_t *positions)
         one_each = positions[i] == i % m->T;
     m->documents = !one_each;
     if (m->documents)
-        m->be->ops->upload(m->be, m->d_pos, positions, sizeof(int32_t) * (size_t)m->N);
+        m->be->ops->upload_positions(m->be, m->d_pos, positions, m->B, m->T);
 }
 
 static void layer_forward(struct model *m, const struct tensor_ptrs *p, const void *inp, void *out,

@@ -62,6 +62,12 @@ static void cpu_upload(struct backend *be, void *dst, const void *src_host, size
     memcpy(dst, src_host, bytes);
 }
 
+/* The CPU attention reads the positions themselves: nothing to derive. */
+static void cpu_upload_positions(struct backend *be, int32_t *dst, const int32_t *pos, int B, int T)
+{
+    memcpy(dst, pos, sizeof(int32_t) * (size_t)B * T);
+}
+
 static void cpu_download(struct backend *be, void *dst_host, const void *src, size_t bytes)
 {
     memcpy(dst_host, src, bytes);
@@ -475,6 +481,7 @@ static const struct backend_ops cpu_ops = {
     .free = cpu_free,
     .memset0 = cpu_memset0,
     .upload = cpu_upload,
+    .upload_positions = cpu_upload_positions,
     .download = cpu_download,
     .upload_f32 = cpu_upload_f32,
     .download_f32 = cpu_download_f32,

@@ -355,12 +355,26 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
     SD_ASSERT(cuda_aligned16(dq) && cuda_aligned16(dk) && cuda_aligned16(dv) && cuda_aligned16(dout) &&
               cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
 #ifdef SD_HAVE_CUDNN
-    /* cuDNN's backward sums dQ with atomics in whatever order its CTAs finish: not deterministic;
-     * document windows take the built-in kernels, which skip the tiles across documents */
-    if (struct cudnn_sdpa *p = be->deterministic || pos ? NULL : cudnn_sdpa_plan(1, B, T, Hq, Hkv, D)) {
-        cudnn_sdpa_bwd(p, cuda_ctx_of(be)->compute, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), dq, dk, dv, dout,
-                       q, k, v, out, lse);
-        return;
+    /* cuDNN's backward sums dQ with atomics in whatever order its CTAs finish: not deterministic.
+     * Documents: cuDNN over upload_positions' table, else the built-in kernels (both skip the tiles
+     * outside documents). */
+    cudaStream_t st = cuda_ctx_of(be)->compute;
+    struct cudnn_docs docs;
+    int entries, longest;
+    if (be->deterministic) {
+        /* the built-in kernels, whose dQ sums run in a fixed order */
+    } else if (!pos) {
+        if (struct cudnn_sdpa *p = cudnn_sdpa_plan(1, B, T, Hq, Hkv, D)) {
+            cudnn_sdpa_bwd(p, st, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), dq, dk, dv, dout, q, k, v, out, lse);
+            return;
+        }
+    } else if (cuda_docs_for(be, pos, B, T, Hq, Hkv, D, &docs, &entries, &longest)) {
+        if (struct cudnn_sdpa *p = cudnn_sdpa_docs_plan(1, entries, longest, B * T, Hq, Hkv, D)) {
+            void *scratch = cuda_scratch(be, cudnn_sdpa_scratch_bytes(p));
+            cuda_lse_layout(st, cudnn_sdpa_docs_stats(p, scratch), lse, B, T, Hq, true);
+            cudnn_sdpa_docs_bwd(p, st, scratch, &docs, dq, dk, dv, dout, q, k, v, out);
+            return;
+        }
     }
 #endif
     bf16 *a = (bf16 *)dq, *bk = (bf16 *)dk, *bv = (bf16 *)dv;

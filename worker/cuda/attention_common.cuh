@@ -13,6 +13,13 @@
 #include "cuda_common.cuh"
 #ifdef SD_HAVE_CUDNN
 #include "attention_cudnn.h"
+
+/* attention_fwd.cu: the document table that upload_positions made for pos (false when it made
+ * none for this pos and shape), with its offsets for this head layout; and lse moved between
+ * backend.h's (B, H, T) and cuDNN's token-major (B*T, H). */
+bool cuda_docs_for(struct backend *be, const int32_t *pos, int B, int T, int Hq, int Hkv, int D,
+                   struct cudnn_docs *table, int *entries, int *longest);
+void cuda_lse_layout(cudaStream_t st, float *dst, const float *src, int B, int T, int H, bool to_token_major);
 #endif
 
 /* Shared-memory rows are padded by 16 bytes so that the 8 rows one ldmatrix reads fall in

@@ -9,7 +9,14 @@
  *
  * With grouped KV heads the matmuls broadcast K and V over each group, and dK, dV are the group
  * sums of full-head results. Every tensor is (B,T,H,D) row-major in memory, described as dims
- * (B,H,T,D) with strides (T*H*D, D, H*D, 1). */
+ * (B,H,T,D) with strides (T*H*D, D, H*D, 1).
+ *
+ * Documents: B is a table of documents and T the longest one's length bucket; q, k, v, out and
+ * their gradients carry ragged offsets (each entry's first element) instead of a batch stride;
+ * the products are bounded by each entry's length (the matmuls' M/N/K overrides), and a padding
+ * mask (row < len and column < len) comes before the causal one, as cudnn-frontend lowers its
+ * padded, ragged SDPA. With grouped KV heads the backward's full-head dK and dV are real ragged
+ * tensors at dK's offsets, which cuDNN scales by the group size (cudnn-frontend 1.9 on). */
 #include "attention_cudnn.h"
 
 #include <cudnn_graph.h>
@@ -157,8 +164,11 @@ enum { VIRTUAL = 1, BY_VALUE = 2 };
 #define DIMS(a, b, c, d) ((const int64_t[4]){(a), (b), (c), (d)})
 static const int64_t SCALAR[4] = {1, 1, 1, 1};
 
-static cudnnBackendDescriptor_t tensor(struct graph *g, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
-                                       const int64_t strides[4], int flags)
+/* A tensor; ragged (may be NULL) is the (B+1) int64 tensor of each batch entry's first element
+ * (documents laid one after another: the batch stride is then not used). */
+static cudnnBackendDescriptor_t ragged_tensor(struct graph *g, int64_t uid, cudnnDataType_t type,
+                                              const int64_t dims[4], const int64_t strides[4], int flags,
+                                              cudnnBackendDescriptor_t ragged)
 {
     cudnnBackendDescriptor_t t = make(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     int64_t align = 16;
@@ -170,8 +180,16 @@ static cudnnBackendDescriptor_t tensor(struct graph *g, int64_t uid, cudnnDataTy
     set(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
     set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
     set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    if (ragged)
+        set(g, t, CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ragged);
     done(g, t, "tensor");
     return t;
+}
+
+static cudnnBackendDescriptor_t tensor(struct graph *g, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
+                                       const int64_t strides[4], int flags)
+{
+    return ragged_tensor(g, uid, type, dims, strides, flags, NULL);
 }
 
 static void add_op(struct graph *g, cudnnBackendDescriptor_t op, const char *what)
@@ -214,8 +232,11 @@ static void pw(struct graph *g, cudnnPointwiseMode_t mode, cudnnBackendDescripto
     pointwise(g, mode, CUDNN_DATA_FLOAT, -1, x, b, NULL, y);
 }
 
-/* c = a @ b over the last two dims; the batch dims broadcast (b's heads divide a's). */
-static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
+/* c = a @ b over the last two dims; the batch dims broadcast (b's heads divide a's). With documents,
+ * m, n and k (each NULL or a per-document length tensor) bound the product's extents per entry. */
+static void matmul_bounded(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                           cudnnBackendDescriptor_t c, cudnnBackendDescriptor_t m, cudnnBackendDescriptor_t n,
+                           cudnnBackendDescriptor_t k)
 {
     cudnnBackendDescriptor_t mm = make(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
     cudnnDataType_t comp = CUDNN_DATA_FLOAT;
@@ -228,6 +249,12 @@ static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDesc
     set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
     set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
     set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
+    if (m)
+        set(g, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m);
+    if (n)
+        set(g, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n);
+    if (k)
+        set(g, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k);
     add_op(g, op, "matmul operation");
 }
 
@@ -260,17 +287,37 @@ static void reshape(struct graph *g, cudnnBackendDescriptor_t x, cudnnBackendDes
 }
 
 /* the variant packs' tensor ids */
-enum { U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_ONE, U_NEG, U_ROWSUM, U_DQ_ACC };
+enum {
+    U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_ONE, U_NEG, U_ROWSUM, U_DQ_ACC,
+    U_SEQ_Q, U_SEQ_KV, U_OFF_Q, U_OFF_KV, U_OFF_STATS, U_DK_FULL, U_DV_FULL
+};
 
 struct cudnn_sdpa {
     int bwd, B, T, Hq, Hkv, D;
+    int tokens; /* document plans: the tokens of the (tokens, heads, dim) tensors; 0 for windows */
     bool usable;
     cudnnBackendDescriptor_t plan;
     int64_t workspace;
     struct graph g;
 };
 
-/* Scores x masked causally: x where row >= column, else -FLT_MAX (tensor uids uid..uid+3). */
+/* A document plan's per-entry tensors (all NULL for whole windows): each batch entry is one
+ * document, seq_q = seq_kv its length, off_* the first element of its rows in the token-major
+ * tensors: q, out, dout, dq (off_q), k, v, dk, dv (off_kv), lse and the row sums (off_stats). */
+struct docs_io {
+    cudnnBackendDescriptor_t seq_q, seq_kv, off_q, off_kv, off_stats;
+};
+
+static void docs_io_make(struct graph *g, int64_t B, struct docs_io *io)
+{
+    io->seq_q = tensor(g, U_SEQ_Q, CUDNN_DATA_INT32, DIMS(B, 1, 1, 1), SCALAR, 0);
+    io->seq_kv = tensor(g, U_SEQ_KV, CUDNN_DATA_INT32, DIMS(B, 1, 1, 1), SCALAR, 0);
+    io->off_q = tensor(g, U_OFF_Q, CUDNN_DATA_INT64, DIMS(B + 1, 1, 1, 1), SCALAR, 0);
+    io->off_kv = tensor(g, U_OFF_KV, CUDNN_DATA_INT64, DIMS(B + 1, 1, 1, 1), SCALAR, 0);
+    io->off_stats = tensor(g, U_OFF_STATS, CUDNN_DATA_INT64, DIMS(B + 1, 1, 1, 1), SCALAR, 0);
+}
+
+/* Scores x masked causally: x where row >= column, else neg (tensor uids uid..uid+3). */
 static cudnnBackendDescriptor_t causal(struct graph *g, cudnnBackendDescriptor_t x, int64_t uid, const int64_t *sd,
                                        const int64_t *ss, cudnnBackendDescriptor_t neg)
 {
@@ -285,22 +332,62 @@ static cudnnBackendDescriptor_t causal(struct graph *g, cudnnBackendDescriptor_t
     return out;
 }
 
-static void build_fwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D)
+/* Scores x masked to each document's extent: x where row < seq_q and column < seq_kv of its
+ * entry, else neg (the padding mask of cudnn-frontend's SDPA; uids uid..uid+5). */
+static cudnnBackendDescriptor_t padding(struct graph *g, cudnnBackendDescriptor_t x, int64_t uid, const int64_t *sd,
+                                        const int64_t *ss, const struct docs_io *io, cudnnBackendDescriptor_t neg)
+{
+    cudnnBackendDescriptor_t row = tensor(g, uid, CUDNN_DATA_INT32, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t col = tensor(g, uid + 1, CUDNN_DATA_INT32, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t row_in = tensor(g, uid + 2, CUDNN_DATA_BOOLEAN, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t col_in = tensor(g, uid + 3, CUDNN_DATA_BOOLEAN, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t keep = tensor(g, uid + 4, CUDNN_DATA_BOOLEAN, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t out = tensor(g, uid + 5, CUDNN_DATA_FLOAT, sd, ss, VIRTUAL);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, x, NULL, NULL, row);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, x, NULL, NULL, col);
+    pointwise(g, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, -1, row, io->seq_q, NULL, row_in);
+    pointwise(g, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, -1, col, io->seq_kv, NULL, col_in);
+    pointwise(g, CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, -1, row_in, col_in, NULL, keep);
+    pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, -1, x, neg, keep, out);
+    return out;
+}
+
+/* Strides of lse and the row sums: (B,H,T) for windows; token-major (tokens, H) for documents,
+ * as cuDNN lays packed (ragged) statistics. */
+static const int64_t *stats_strides(bool docs, int64_t H, int64_t T)
+{
+    static _Thread_local int64_t st[4];
+    if (docs)
+        memcpy(st, DIMS(T * H, 1, H, 1), sizeof st);
+    else
+        memcpy(st, DIMS(H * T, T, 1, 1), sizeof st);
+    return st;
+}
+
+/* With documents, B is the table's entries and T the longest document's length bucket. */
+static void build_fwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D, bool docs)
 {
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
     const int64_t *sd = DIMS(B, H, T, T), *ss = DIMS(H * T * T, T * T, T, 1);
     const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1);
-    cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, DIMS(B, H, T, D), DIMS(T * H * D, D, H * D, 1), 0);
-    cudnnBackendDescriptor_t kt = tensor(g, U_K, BF, DIMS(B, HK, D, T), DIMS(T * HK * D, D, 1, HK * D), 0);
-    cudnnBackendDescriptor_t v = tensor(g, U_V, BF, DIMS(B, HK, T, D), DIMS(T * HK * D, D, HK * D, 1), 0);
-    cudnnBackendDescriptor_t o = tensor(g, U_O, BF, DIMS(B, H, T, D), DIMS(T * H * D, D, H * D, 1), 0);
-    cudnnBackendDescriptor_t lse = tensor(g, U_LSE, F, rd, rs, 0);
+    struct docs_io io = {0};
+    if (docs)
+        docs_io_make(g, B, &io);
+    cudnnBackendDescriptor_t q = ragged_tensor(g, U_Q, BF, DIMS(B, H, T, D), DIMS(T * H * D, D, H * D, 1), 0, io.off_q);
+    cudnnBackendDescriptor_t kt =
+        ragged_tensor(g, U_K, BF, DIMS(B, HK, D, T), DIMS(T * HK * D, D, 1, HK * D), 0, io.off_kv);
+    cudnnBackendDescriptor_t v =
+        ragged_tensor(g, U_V, BF, DIMS(B, HK, T, D), DIMS(T * HK * D, D, HK * D, 1), 0, io.off_kv);
+    cudnnBackendDescriptor_t o = ragged_tensor(g, U_O, BF, DIMS(B, H, T, D), DIMS(T * H * D, D, H * D, 1), 0, io.off_q);
+    cudnnBackendDescriptor_t lse = ragged_tensor(g, U_LSE, F, rd, stats_strides(docs, H, T), 0, io.off_stats);
     cudnnBackendDescriptor_t scale = tensor(g, U_SCALE, F, SCALAR, SCALAR, BY_VALUE);
     cudnnBackendDescriptor_t neg = tensor(g, U_NEG, F, SCALAR, SCALAR, BY_VALUE);
 
     cudnnBackendDescriptor_t s = tensor(g, 101, F, sd, ss, VIRTUAL), s_scaled = tensor(g, 102, F, sd, ss, VIRTUAL);
-    matmul(g, q, kt, s);
+    matmul_bounded(g, q, kt, s, io.seq_q, io.seq_kv, NULL);
     pw(g, CUDNN_POINTWISE_MUL, s, scale, s_scaled);
+    if (docs)
+        s_scaled = padding(g, s_scaled, 120, sd, ss, &io, neg);
     cudnnBackendDescriptor_t s_masked = causal(g, s_scaled, 103, sd, ss, neg);
     cudnnBackendDescriptor_t mx = tensor(g, 107, F, rd, rs, VIRTUAL), sub = tensor(g, 108, F, sd, ss, VIRTUAL);
     cudnnBackendDescriptor_t e = tensor(g, 109, F, sd, ss, VIRTUAL), sum = tensor(g, 110, F, rd, rs, VIRTUAL);
@@ -312,47 +399,57 @@ static void build_fwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     pw(g, CUDNN_POINTWISE_LOG, sum, NULL, lg);
     pw(g, CUDNN_POINTWISE_ADD, mx, lg, lse);
     pw(g, CUDNN_POINTWISE_DIV, e, sum, p);
-    matmul(g, p, v, o);
+    matmul_bounded(g, p, v, o, io.seq_q, NULL, io.seq_kv);
 }
 
 /* out = x^T y for scores x of dims sd (B, H, T, T) and y of dims qd (B, H, T, D); with grouped KV
  * heads (grouped) the product is summed over each group into out's (B, HK, T, D). Virtual tensors
- * take the ids uid and uid + 1. */
+ * take the ids uid and uid + 1. With documents the full-head product is a real tensor (id
+ * full_uid, token-major, at out's offsets times the group size, as cuDNN scales them). */
 static void grouped_transposed_matmul(struct graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
                                       cudnnBackendDescriptor_t out, int64_t uid, bool grouped, const int64_t *sd,
-                                      const int64_t *qd)
+                                      const int64_t *qd, const struct docs_io *io, int64_t full_uid)
 {
     const int64_t H = sd[1], T = sd[2], D = qd[3];
     cudnnBackendDescriptor_t xt = tensor(g, uid, CUDNN_DATA_BFLOAT16, sd, DIMS(H * T * T, T * T, 1, T), VIRTUAL);
     reshape(g, x, xt);
     if (!grouped) {
-        matmul(g, xt, y, out);
+        matmul_bounded(g, xt, y, out, io->seq_kv, NULL, io->seq_q);
         return;
     }
-    cudnnBackendDescriptor_t full = tensor(g, uid + 1, CUDNN_DATA_BFLOAT16, qd, DIMS(H * T * D, T * D, D, 1), VIRTUAL);
-    matmul(g, xt, y, full);
+    cudnnBackendDescriptor_t full =
+        io->off_kv ? ragged_tensor(g, full_uid, CUDNN_DATA_BFLOAT16, qd, DIMS(T * H * D, D, H * D, 1), 0, io->off_kv)
+                   : tensor(g, uid + 1, CUDNN_DATA_BFLOAT16, qd, DIMS(H * T * D, T * D, D, 1), VIRTUAL);
+    matmul_bounded(g, xt, y, full, io->seq_kv, NULL, io->seq_q);
     reduce(g, CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
-static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D)
+static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D, bool docs)
 {
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
     const int64_t *sd = DIMS(B, H, T, T), *ss = DIMS(H * T * T, T * T, T, 1);
-    const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1);
+    const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1), *st = stats_strides(docs, H, T);
     const int64_t *qd = DIMS(B, H, T, D), *qs = DIMS(T * H * D, D, H * D, 1);
     const int64_t *kd = DIMS(B, HK, T, D), *ks = DIMS(T * HK * D, D, HK * D, 1);
     const int64_t *ktd = DIMS(B, HK, D, T), *kts = DIMS(T * HK * D, D, 1, HK * D);
-    const int64_t *fs = DIMS(H * T * D, T * D, D, 1); /* packed (B,H,T,D) */
-    cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, qd, qs, 0), kt = tensor(g, U_K, BF, ktd, kts, 0);
-    cudnnBackendDescriptor_t vt = tensor(g, U_V, BF, ktd, kts, 0), o = tensor(g, U_O, BF, qd, qs, 0);
-    cudnnBackendDescriptor_t dout = tensor(g, U_DO, BF, qd, qs, 0), lse = tensor(g, U_LSE, F, rd, rs, 0);
-    cudnnBackendDescriptor_t dq = tensor(g, U_DQ, BF, qd, qs, 0), dk = tensor(g, U_DK, BF, kd, ks, 0);
-    cudnnBackendDescriptor_t dv = tensor(g, U_DV, BF, kd, ks, 0);
+    const int64_t *fs = docs ? qs : DIMS(H * T * D, T * D, D, 1); /* the fp32 dQ: token-major, or (B,H,T,D) */
+    struct docs_io io = {0};
+    if (docs)
+        docs_io_make(g, B, &io);
+    cudnnBackendDescriptor_t q = ragged_tensor(g, U_Q, BF, qd, qs, 0, io.off_q);
+    cudnnBackendDescriptor_t kt = ragged_tensor(g, U_K, BF, ktd, kts, 0, io.off_kv);
+    cudnnBackendDescriptor_t vt = ragged_tensor(g, U_V, BF, ktd, kts, 0, io.off_kv);
+    cudnnBackendDescriptor_t o = ragged_tensor(g, U_O, BF, qd, qs, 0, io.off_q);
+    cudnnBackendDescriptor_t dout = ragged_tensor(g, U_DO, BF, qd, qs, 0, io.off_q);
+    cudnnBackendDescriptor_t lse = ragged_tensor(g, U_LSE, F, rd, st, 0, io.off_stats);
+    cudnnBackendDescriptor_t dq = ragged_tensor(g, U_DQ, BF, qd, qs, 0, io.off_q);
+    cudnnBackendDescriptor_t dk = ragged_tensor(g, U_DK, BF, kd, ks, 0, io.off_kv);
+    cudnnBackendDescriptor_t dv = ragged_tensor(g, U_DV, BF, kd, ks, 0, io.off_kv);
     cudnnBackendDescriptor_t scale = tensor(g, U_SCALE, F, SCALAR, SCALAR, BY_VALUE);
     cudnnBackendDescriptor_t one = tensor(g, U_ONE, F, SCALAR, SCALAR, BY_VALUE);
     cudnnBackendDescriptor_t neg = tensor(g, U_NEG, F, SCALAR, SCALAR, BY_VALUE);
-    cudnnBackendDescriptor_t rowsum = tensor(g, U_ROWSUM, F, rd, rs, 0);
-    cudnnBackendDescriptor_t dq_acc = tensor(g, U_DQ_ACC, F, qd, fs, 0);
+    cudnnBackendDescriptor_t rowsum = ragged_tensor(g, U_ROWSUM, F, rd, st, 0, io.off_stats);
+    cudnnBackendDescriptor_t dq_acc = ragged_tensor(g, U_DQ_ACC, F, qd, fs, 0, io.off_q);
 
     /* D = rowsum(dO * O) into the row-sum scratch */
     cudnnBackendDescriptor_t doo = tensor(g, 201, F, qd, DIMS(H * T * D, T * D, H * D, 1), VIRTUAL);
@@ -361,34 +458,36 @@ static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, dsum);
     pw(g, CUDNN_POINTWISE_MUL, dsum, one, rowsum);
 
-    /* P = exp(S * scale - lse), causal */
+    /* P = exp(S * scale - lse), within documents, causal */
     cudnnBackendDescriptor_t s = tensor(g, 203, F, sd, ss, VIRTUAL), s_scaled = tensor(g, 204, F, sd, ss, VIRTUAL);
     cudnnBackendDescriptor_t s_shift = tensor(g, 205, F, sd, ss, VIRTUAL);
-    matmul(g, q, kt, s);
+    matmul_bounded(g, q, kt, s, io.seq_q, io.seq_kv, NULL);
     pw(g, CUDNN_POINTWISE_MUL, s, scale, s_scaled);
+    if (docs)
+        s_scaled = padding(g, s_scaled, 230, sd, ss, &io, neg);
     pw(g, CUDNN_POINTWISE_SUB, s_scaled, lse, s_shift);
     cudnnBackendDescriptor_t s_masked = causal(g, s_shift, 206, sd, ss, neg);
     cudnnBackendDescriptor_t p = tensor(g, 210, F, sd, ss, VIRTUAL);
     pw(g, CUDNN_POINTWISE_EXP, s_masked, NULL, p);
 
     /* dV = P^T dO, summed over each KV head's group */
-    grouped_transposed_matmul(g, p, dout, dv, 211, H != HK, sd, qd);
+    grouped_transposed_matmul(g, p, dout, dv, 211, H != HK, sd, qd, &io, U_DV_FULL);
 
     /* dS = P * (dO V^T - D) * scale */
     cudnnBackendDescriptor_t dp = tensor(g, 213, F, sd, ss, VIRTUAL), dp_d = tensor(g, 214, F, sd, ss, VIRTUAL);
     cudnnBackendDescriptor_t dp_p = tensor(g, 215, F, sd, ss, VIRTUAL), ds = tensor(g, 216, F, sd, ss, VIRTUAL);
-    matmul(g, dout, vt, dp);
+    matmul_bounded(g, dout, vt, dp, io.seq_q, io.seq_kv, NULL);
     pw(g, CUDNN_POINTWISE_SUB, dp, rowsum, dp_d);
     pw(g, CUDNN_POINTWISE_MUL, dp_d, p, dp_p);
     pw(g, CUDNN_POINTWISE_MUL, dp_p, scale, ds);
 
     /* dK = dS^T Q, summed over the group */
-    grouped_transposed_matmul(g, ds, q, dk, 217, H != HK, sd, qd);
+    grouped_transposed_matmul(g, ds, q, dk, 217, H != HK, sd, qd, &io, U_DK_FULL);
 
     /* dQ = dS K through the fp32 accumulator */
-    cudnnBackendDescriptor_t k = tensor(g, 219, F, kd, ks, VIRTUAL);
+    cudnnBackendDescriptor_t k = ragged_tensor(g, 219, F, kd, ks, VIRTUAL, io.off_kv);
     reshape(g, kt, k);
-    matmul(g, ds, k, dq_acc);
+    matmul_bounded(g, ds, k, dq_acc, io.seq_q, NULL, io.seq_kv);
     pw(g, CUDNN_POINTWISE_IDENTITY, dq_acc, NULL, dq);
 }
 
@@ -448,30 +547,31 @@ static void make_plan(struct cudnn_sdpa *p)
 
 /* ---- plans per shape ---- */
 
-#define MAX_PLANS 32
+#define MAX_PLANS 64
 static struct cudnn_sdpa plans[MAX_PLANS];
 static int nplans;
 static pthread_mutex_t plans_mu = PTHREAD_MUTEX_INITIALIZER;
 
-struct cudnn_sdpa *cudnn_sdpa_plan(int bwd, int B, int T, int Hq, int Hkv, int D)
+static struct cudnn_sdpa *find_or_build(int bwd, int B, int T, int Hq, int Hkv, int D, int tokens)
 {
     pthread_once(&dnn_once, dnn_load);
-    /* 16-byte rows for the tensor-core loads; head_dim up to 128 for the backward engines */
-    if (!dnn_ready || D % 8 != 0 || D > 128 || Hkv <= 0 || Hq % Hkv != 0)
+    /* 16-byte rows for the tensor-core loads; head_dim up to 128 for the backward engines; ragged
+     * document tensors as cudnn-frontend builds them for cuDNN 9.10 and later */
+    if (!dnn_ready || D % 8 != 0 || D > 128 || Hkv <= 0 || Hq % Hkv != 0 || (tokens && dnn.version() < 91000))
         return NULL;
     pthread_mutex_lock(&plans_mu);
     struct cudnn_sdpa *p = NULL;
     for (int i = 0; i < nplans && !p; i++)
         if (plans[i].bwd == bwd && plans[i].B == B && plans[i].T == T && plans[i].Hq == Hq && plans[i].Hkv == Hkv &&
-            plans[i].D == D)
+            plans[i].D == D && plans[i].tokens == tokens)
             p = &plans[i];
     if (!p && nplans < MAX_PLANS) {
         p = &plans[nplans++];
-        *p = (struct cudnn_sdpa){.bwd = bwd, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .D = D};
+        *p = (struct cudnn_sdpa){.bwd = bwd, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .D = D, .tokens = tokens};
         if (bwd)
-            build_bwd(&p->g, B, T, Hq, Hkv, D);
+            build_bwd(&p->g, B, T, Hq, Hkv, D, tokens > 0);
         else
-            build_fwd(&p->g, B, T, Hq, Hkv, D);
+            build_fwd(&p->g, B, T, Hq, Hkv, D, tokens > 0);
         make_plan(p);
         p->usable = !p->g.failed;
         static bool said;
@@ -480,9 +580,10 @@ struct cudnn_sdpa *cudnn_sdpa_plan(int bwd, int B, int T, int Hq, int Hkv, int D
             said = true;
         }
         if (!p->usable) {
-            fprintf(stderr, "cuda attention: cuDNN %zu has no %s plan for B=%d T=%d heads %d/%d dim %d (%s); using "
+            fprintf(stderr, "cuda attention: cuDNN %zu has no %s%s plan for B=%d T=%d heads %d/%d dim %d (%s); using "
                             "the built-in kernel\n",
-                    dnn.version(), bwd ? "backward" : "forward", B, T, Hq, Hkv, D, p->g.why);
+                    dnn.version(), tokens ? "document " : "", bwd ? "backward" : "forward", B, T, Hq, Hkv, D,
+                    p->g.why);
             graph_free(&p->g);
         }
     }
@@ -490,20 +591,75 @@ struct cudnn_sdpa *cudnn_sdpa_plan(int bwd, int B, int T, int Hq, int Hkv, int D
     return p && p->usable ? p : NULL;
 }
 
+struct cudnn_sdpa *cudnn_sdpa_plan(int bwd, int B, int T, int Hq, int Hkv, int D)
+{
+    return find_or_build(bwd, B, T, Hq, Hkv, D, 0);
+}
+
+struct cudnn_sdpa *cudnn_sdpa_docs_plan(int bwd, int entries, int longest, int tokens, int Hq, int Hkv, int D)
+{
+    return tokens > 0 ? find_or_build(bwd, entries, longest, Hq, Hkv, D, tokens) : NULL;
+}
+
 #define ALIGN_UP(x) (((x) + 255) & ~(size_t)255)
 
-/* backward scratch: workspace, then the fp32 dQ accumulator (B,H,T,D), then the row sums (B,H,T) */
+/* Scratch after the workspace. Windows: the backward's fp32 dQ accumulator (B,H,T,D), then the row
+ * sums (B,H,T). Documents (N tokens): lse token-major (N,H); the backward then adds the fp32 dQ
+ * (N,H,D), the row sums (N,H) and, with grouped KV heads, the full-head dK and dV (N,H,D; sized
+ * in fp32 as cudnn-frontend sizes them). */
+static size_t rows(const struct cudnn_sdpa *p)
+{
+    return p->tokens ? (size_t)p->tokens : (size_t)p->B * p->T;
+}
+
 static size_t dq_acc_bytes(const struct cudnn_sdpa *p)
 {
-    return (size_t)p->B * p->T * p->Hq * p->D * sizeof(float);
+    return rows(p) * p->Hq * p->D * sizeof(float);
+}
+
+static size_t row_sums_bytes(const struct cudnn_sdpa *p)
+{
+    return rows(p) * p->Hq * sizeof(float);
+}
+
+/* Offsets in the scratch; 0 for a buffer the plan does not use (none starts at 0: the workspace does). */
+struct scratch_layout {
+    size_t stats, dq_acc, rowsum, dk_full, dv_full, total;
+};
+
+static struct scratch_layout layout(const struct cudnn_sdpa *p)
+{
+    struct scratch_layout l = {0};
+    size_t at = ALIGN_UP((size_t)p->workspace);
+    at = at ? at : 256;
+    if (p->tokens) {
+        l.stats = at;
+        at += ALIGN_UP(row_sums_bytes(p));
+    }
+    if (p->bwd) {
+        l.dq_acc = at;
+        at += ALIGN_UP(dq_acc_bytes(p));
+        l.rowsum = at;
+        at += ALIGN_UP(row_sums_bytes(p));
+        if (p->tokens && p->Hq != p->Hkv) {
+            l.dk_full = at;
+            at += ALIGN_UP(dq_acc_bytes(p));
+            l.dv_full = at;
+            at += ALIGN_UP(dq_acc_bytes(p));
+        }
+    }
+    l.total = at;
+    return l;
 }
 
 size_t cudnn_sdpa_scratch_bytes(const struct cudnn_sdpa *p)
 {
-    size_t ws = ALIGN_UP((size_t)p->workspace);
-    if (!p->bwd)
-        return ws ? ws : 256;
-    return ws + ALIGN_UP(dq_acc_bytes(p)) + ALIGN_UP((size_t)p->B * p->T * p->Hq * sizeof(float));
+    return layout(p).total;
+}
+
+float *cudnn_sdpa_docs_stats(const struct cudnn_sdpa *p, void *scratch)
+{
+    return (float *)((char *)scratch + layout(p).stats);
 }
 
 static void execute(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, int n, const int64_t *uids, void **ptrs)
@@ -518,33 +674,111 @@ static void execute(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, int 
     check(&g, dnn.execute(dnn.handle, p->plan, pack), "execute");
     graph_free(&g);
     if (g.failed) {
-        fprintf(stderr, "cuda attention: cuDNN %s: %s\n", p->bwd ? "backward" : "forward", g.why);
+        fprintf(stderr, "cuda attention: cuDNN %s%s: %s\n", p->tokens ? "document " : "", p->bwd ? "backward" : "forward",
+                g.why);
         abort();
     }
+}
+
+/* The ids and pointers every call passes, then a document plan's tables. */
+#define MAX_IO 24
+struct io {
+    int n;
+    int64_t uids[MAX_IO];
+    void *ptrs[MAX_IO];
+};
+
+static void io_add(struct io *io, int64_t uid, const void *ptr)
+{
+    io->uids[io->n] = uid;
+    io->ptrs[io->n++] = (void *)ptr;
+}
+
+static void io_add_docs(struct io *io, const struct cudnn_docs *docs)
+{
+    io_add(io, U_SEQ_Q, docs->seq);
+    io_add(io, U_SEQ_KV, docs->seq);
+    io_add(io, U_OFF_Q, docs->off_q);
+    io_add(io, U_OFF_KV, docs->off_kv);
+    io_add(io, U_OFF_STATS, docs->off_stats);
+}
+
+static void fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs, void *out,
+                float *lse, const void *q, const void *k, const void *v)
+{
+    /* cudnn-frontend masks with -inf from cuDNN 9.10 on; the window graphs keep -FLT_MAX */
+    float scale = 1.0f / sqrtf((float)p->D), neg = docs ? -INFINITY : -FLT_MAX;
+    struct io io = {0};
+    io_add(&io, U_Q, q);
+    io_add(&io, U_K, k);
+    io_add(&io, U_V, v);
+    io_add(&io, U_O, out);
+    io_add(&io, U_LSE, lse);
+    io_add(&io, U_SCALE, &scale);
+    io_add(&io, U_NEG, &neg);
+    if (docs)
+        io_add_docs(&io, docs);
+    execute(p, st, scratch, io.n, io.uids, io.ptrs);
+}
+
+static void bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs, void *dq,
+                void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *out,
+                const float *lse)
+{
+    struct scratch_layout l = layout(p);
+    char *at = scratch;
+    /* the accumulator starts from zero (the scratch is shared with other ops) */
+    if (cudaMemsetAsync(at + l.dq_acc, 0, dq_acc_bytes(p), st) != cudaSuccess) {
+        fprintf(stderr, "cuda attention: cudaMemsetAsync failed\n");
+        abort();
+    }
+    float scale = 1.0f / sqrtf((float)p->D), one = 1.0f, neg = docs ? -INFINITY : -FLT_MAX;
+    struct io io = {0};
+    io_add(&io, U_Q, q);
+    io_add(&io, U_K, k);
+    io_add(&io, U_V, v);
+    io_add(&io, U_O, out);
+    io_add(&io, U_DO, dout);
+    io_add(&io, U_LSE, lse);
+    io_add(&io, U_DQ, dq);
+    io_add(&io, U_DK, dk);
+    io_add(&io, U_DV, dv);
+    io_add(&io, U_SCALE, &scale);
+    io_add(&io, U_ONE, &one);
+    io_add(&io, U_NEG, &neg);
+    io_add(&io, U_ROWSUM, at + l.rowsum);
+    io_add(&io, U_DQ_ACC, at + l.dq_acc);
+    if (docs) {
+        io_add_docs(&io, docs);
+        if (l.dk_full) {
+            io_add(&io, U_DK_FULL, at + l.dk_full);
+            io_add(&io, U_DV_FULL, at + l.dv_full);
+        }
+    }
+    execute(p, st, scratch, io.n, io.uids, io.ptrs);
 }
 
 void cudnn_sdpa_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, void *out, float *lse, const void *q,
                     const void *k, const void *v)
 {
-    float scale = 1.0f / sqrtf((float)p->D), neg = -FLT_MAX;
-    const int64_t uids[] = {U_Q, U_K, U_V, U_O, U_LSE, U_SCALE, U_NEG};
-    void *ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &scale, &neg};
-    execute(p, st, scratch, 7, uids, ptrs);
+    fwd(p, st, scratch, NULL, out, lse, q, k, v);
 }
 
 void cudnn_sdpa_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, void *dq, void *dk, void *dv,
                     const void *dout, const void *q, const void *k, const void *v, const void *out, const float *lse)
 {
-    char *dq_acc = (char *)scratch + ALIGN_UP((size_t)p->workspace);
-    char *rowsum = dq_acc + ALIGN_UP(dq_acc_bytes(p));
-    /* the accumulator starts from zero (the scratch is shared with other ops) */
-    if (cudaMemsetAsync(dq_acc, 0, dq_acc_bytes(p), st) != cudaSuccess) {
-        fprintf(stderr, "cuda attention: cudaMemsetAsync failed\n");
-        abort();
-    }
-    float scale = 1.0f / sqrtf((float)p->D), one = 1.0f, neg = -FLT_MAX;
-    const int64_t uids[] = {U_Q, U_K, U_V, U_O, U_DO, U_LSE, U_DQ, U_DK, U_DV, U_SCALE, U_ONE, U_NEG, U_ROWSUM, U_DQ_ACC};
-    void *ptrs[] = {(void *)q, (void *)k,    (void *)v, (void *)out, (void *)dout, (void *)lse, dq,
-                    dk,        dv,           &scale,    &one,        &neg,         rowsum,      dq_acc};
-    execute(p, st, scratch, 14, uids, ptrs);
+    bwd(p, st, scratch, NULL, dq, dk, dv, dout, q, k, v, out, lse);
+}
+
+void cudnn_sdpa_docs_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
+                         void *out, const void *q, const void *k, const void *v)
+{
+    fwd(p, st, scratch, docs, out, cudnn_sdpa_docs_stats(p, scratch), q, k, v);
+}
+
+void cudnn_sdpa_docs_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
+                         void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v,
+                         const void *out)
+{
+    bwd(p, st, scratch, docs, dq, dk, dv, dout, q, k, v, out, cudnn_sdpa_docs_stats(p, scratch));
 }

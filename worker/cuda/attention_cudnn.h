@@ -3,11 +3,18 @@
  * cuDNN's runtime-fusion engines compile into one kernel each. NULL plans mean cuDNN is absent,
  * turned off (SLIDEDP_ATTENTION=builtin) or has no engine for the shape: the caller then runs the
  * built-in kernels, which compute the same thing (lse in the same layout, so either backward
- * takes either forward's output). */
+ * takes either forward's output).
+ *
+ * Document attention (backend.h's positions) runs the same graphs over ragged tensors, as
+ * cudnn-frontend builds its packed (THD) SDPA: each batch entry of the plan is one document, with
+ * its length (a padding mask) and the offsets of its rows in the token-major q, k, v tensors, so
+ * that cuDNN skips the tiles outside documents. Its lse is token-major (tokens, Hq) in the plan's
+ * scratch; the caller moves it to and from backend.h's (B, Hq, T). */
 #ifndef SD_ATTENTION_CUDNN_H
 #define SD_ATTENTION_CUDNN_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cuda_runtime.h>
 
@@ -16,6 +23,15 @@ extern "C" {
 #endif
 
 struct cudnn_sdpa;
+
+/* A document table on the device: seq (entries) each document's length (0 past the last
+ * document); off_q, off_kv, off_stats (entries + 1, int64) the element offset of each document's
+ * first token in the (tokens, Hq, D), (tokens, Hkv, D) and (tokens, Hq) tensors, the last one
+ * each tensor's end. */
+struct cudnn_docs {
+    const int32_t *seq;
+    const int64_t *off_q, *off_kv, *off_stats;
+};
 
 /* The forward (bwd = 0) or backward plan for a shape, built on first use; NULL as above. */
 struct cudnn_sdpa *cudnn_sdpa_plan(int bwd, int B, int T, int Hq, int Hkv, int D);
@@ -29,6 +45,18 @@ void cudnn_sdpa_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, void *
 void cudnn_sdpa_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, void *dq, void *dk, void *dv,
                     const void *dout, const void *q, const void *k, const void *v, const void *out,
                     const float *lse);
+
+/* The plan for document tables of `entries` rows whose documents are at most `longest` tokens,
+ * over tensors of `tokens` tokens; NULL as above (and before cuDNN 9.10). */
+struct cudnn_sdpa *cudnn_sdpa_docs_plan(int bwd, int entries, int longest, int tokens, int Hq, int Hkv, int D);
+/* Where the token-major lse lives in a document plan's scratch: the forward leaves it there, the
+ * backward reads it there. */
+float *cudnn_sdpa_docs_stats(const struct cudnn_sdpa *p, void *scratch);
+void cudnn_sdpa_docs_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
+                         void *out, const void *q, const void *k, const void *v);
+void cudnn_sdpa_docs_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
+                         void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v,
+                         const void *out);
 
 #ifdef __cplusplus
 }

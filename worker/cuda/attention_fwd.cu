@@ -187,6 +187,130 @@ static void fwd_launch(cudaStream_t st, bf16 *out, float *lse, const bf16 *q, co
     CUDA_CHECK(cudaGetLastError());
 }
 
+#ifdef SD_HAVE_CUDNN
+/* ---- document tables for cuDNN (attention_cudnn.h) ---- */
+
+static int pow2_at_least(int n)
+{
+    int p = 1;
+    while (p < n)
+        p *= 2;
+    return p;
+}
+
+static size_t seq_bytes(int entries)
+{
+    return ((size_t)entries * sizeof(int32_t) + 7) & ~(size_t)7;
+}
+
+/* off_q, off_kv, off_stats (entries + 1 each) from the first tokens, for a head layout */
+__global__ void docs_offsets_kernel(int64_t *off, const int64_t *tok, int n, int64_t per_q, int64_t per_kv,
+                                    int64_t per_stats)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        off[i] = tok[i] * per_q;
+        off[n + i] = tok[i] * per_kv;
+        off[2 * n + i] = tok[i] * per_stats;
+    }
+}
+
+__global__ void lse_layout_kernel(float *dst, const float *src, int B, int T, int H, bool to_token_major)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; /* (b, h, t) index */
+    if (i >= (size_t)B * H * T)
+        return;
+    size_t t = i % T, h = (i / T) % H, b = i / ((size_t)T * H);
+    size_t j = (b * T + t) * H + h;
+    if (to_token_major)
+        dst[j] = src[i];
+    else
+        dst[i] = src[j];
+}
+
+void cuda_lse_layout(cudaStream_t st, float *dst, const float *src, int B, int T, int H, bool to_token_major)
+{
+    size_t n = (size_t)B * H * T;
+    lse_layout_kernel<<<cuda_blocks(n, 256), 256, 0, st>>>(dst, src, B, T, H, to_token_major);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+bool cuda_docs_for(struct backend *be, const int32_t *pos, int B, int T, int Hq, int Hkv, int D,
+                   struct cudnn_docs *table, int *entries, int *longest)
+{
+    struct cuda_docs *d = &cuda_ctx_of(be)->docs;
+    if (!pos || d->pos != pos || d->B != B || d->T != T)
+        return false;
+    char *base = (char *)d->table;
+    int n = d->entries + 1;
+    int64_t *tok = (int64_t *)(base + seq_bytes(d->entries)), *off = tok + n;
+    if (d->scaled_hq != Hq || d->scaled_hkv != Hkv || d->scaled_d != D) {
+        docs_offsets_kernel<<<cuda_blocks((size_t)n, 256), 256, 0, cuda_ctx_of(be)->compute>>>(
+            off, tok, n, (int64_t)Hq * D, (int64_t)Hkv * D, Hq);
+        CUDA_CHECK(cudaGetLastError());
+        d->scaled_hq = Hq;
+        d->scaled_hkv = Hkv;
+        d->scaled_d = D;
+    }
+    *table = (struct cudnn_docs){(const int32_t *)base, off, off + n, off + 2 * n};
+    *entries = d->entries;
+    *longest = d->longest;
+    return true;
+}
+
+/* The table of pos's documents: their lengths and first tokens, padded to a power of two of
+ * entries (so that a few plans serve every batch); none when it cannot be allocated. One table per
+ * backend: the positions of the last upload_positions. */
+static void docs_prepare(struct backend *be, int32_t *dst, const int32_t *pos, int B, int T)
+{
+    struct cuda_docs *d = &cuda_ctx_of(be)->docs;
+    d->pos = NULL;
+    size_t N = (size_t)B * T;
+    int n = 0, longest = 1;
+    for (size_t i = 0; i < N; i++) {
+        n += pos[i] == 0;
+        longest = pos[i] + 1 > longest ? pos[i] + 1 : longest;
+    }
+    int entries = pow2_at_least(n);
+    size_t bytes = seq_bytes(entries) + 4 * (size_t)(entries + 1) * sizeof(int64_t);
+    if (bytes > d->table_bytes) {
+        if (d->table)
+            be->ops->free(be, d->table);
+        d->table_bytes = 0;
+        if (!(d->table = be->ops->alloc(be, bytes)))
+            return;
+        d->table_bytes = bytes;
+    }
+    char *host = (char *)calloc(1, bytes);
+    if (!host || pos[0] != 0) { /* backend.h: every row starts a document */
+        free(host);
+        return;
+    }
+    int32_t *seq = (int32_t *)host;
+    int64_t *tok = (int64_t *)(host + seq_bytes(entries));
+    int j = -1;
+    for (size_t i = 0; i < N; i++) {
+        if (pos[i] == 0)
+            tok[++j] = (int64_t)i;
+        seq[j]++;
+    }
+    for (j = n; j <= entries; j++)
+        tok[j] = (int64_t)N;
+    be->ops->upload(be, d->table, host, seq_bytes(entries) + (size_t)(entries + 1) * sizeof(int64_t));
+    free(host);
+    *d = (struct cuda_docs){dst, B, T, entries, pow2_at_least(longest > 64 ? longest : 64), d->table,
+                            d->table_bytes, 0, 0, 0};
+}
+#endif
+
+void cuda_upload_positions(struct backend *be, int32_t *dst, const int32_t *pos, int B, int T)
+{
+    be->ops->upload(be, dst, pos, sizeof(int32_t) * (size_t)B * T);
+#ifdef SD_HAVE_CUDNN
+    docs_prepare(be, dst, pos, B, T);
+#endif
+}
+
 bool att_supported_dim(int D)
 {
     return D == 16 || D == 32 || D == 64 || D == 128;
@@ -210,10 +334,22 @@ void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q
     SD_ASSERT(cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
     cudaStream_t st = cuda_ctx_of(be)->compute;
 #ifdef SD_HAVE_CUDNN
-    /* document windows take the built-in kernels, which skip the tiles across documents */
-    if (struct cudnn_sdpa *p = pos ? NULL : cudnn_sdpa_plan(0, B, T, Hq, Hkv, D)) {
-        cudnn_sdpa_fwd(p, st, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), out, lse, q, k, v);
-        return;
+    /* documents: cuDNN over the table upload_positions made, which skips the tiles outside
+     * documents; without one, the built-in kernels, which skip them too */
+    struct cudnn_docs docs;
+    int entries, longest;
+    if (!pos) {
+        if (struct cudnn_sdpa *p = cudnn_sdpa_plan(0, B, T, Hq, Hkv, D)) {
+            cudnn_sdpa_fwd(p, st, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), out, lse, q, k, v);
+            return;
+        }
+    } else if (cuda_docs_for(be, pos, B, T, Hq, Hkv, D, &docs, &entries, &longest)) {
+        if (struct cudnn_sdpa *p = cudnn_sdpa_docs_plan(0, entries, longest, B * T, Hq, Hkv, D)) {
+            void *scratch = cuda_scratch(be, cudnn_sdpa_scratch_bytes(p));
+            cudnn_sdpa_docs_fwd(p, st, scratch, &docs, out, q, k, v);
+            cuda_lse_layout(st, lse, cudnn_sdpa_docs_stats(p, scratch), B, T, Hq, false);
+            return;
+        }
     }
 #endif
     bf16 *o = (bf16 *)out;

@@ -81,7 +81,10 @@ static void *cu_alloc(struct backend *be, size_t bytes)
 
 static void cu_free(struct backend *be, void *p)
 {
-    budget_free(cuda_ctx_of(be), p);
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    if (p && p == cx->docs.pos) /* the document table described these positions */
+        cx->docs.pos = NULL;
+    budget_free(cx, p);
 }
 
 static void cu_memset0(struct backend *be, void *p, size_t bytes)
@@ -98,6 +101,8 @@ static void cu_synchronize(struct backend *be)
 static void cu_upload(struct backend *be, void *dst, const void *src_host, size_t bytes)
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
+    if (dst == cx->docs.pos) /* positions overwritten without upload_positions: the table is stale */
+        cx->docs.pos = NULL;
     CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, cx->compute));
     CUDA_CHECK(cudaStreamSynchronize(cx->compute));
 }
@@ -309,6 +314,7 @@ static const struct backend_ops cuda_ops = {
     .rmsnorm_bwd = cuda_rmsnorm_bwd,
     .matmul_fwd = cuda_matmul_fwd,
     .matmul_bwd = cuda_matmul_bwd,
+    .upload_positions = cuda_upload_positions,
     .rope_fwd = cuda_rope_fwd,
     .rope_bwd = cuda_rope_bwd,
     .attention_fwd = cuda_attention_fwd,

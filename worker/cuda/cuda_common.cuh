@@ -43,6 +43,20 @@ struct cuda_alloc {
     size_t bytes;
 };
 
+/* The documents of the positions last uploaded with upload_positions, for cuDNN's document
+ * attention (attention_cudnn.h): `table` on the device holds seq (entries int32, padded to 8
+ * bytes), then four int64 arrays of entries + 1: each document's first token, and the element
+ * offsets off_q, off_kv, off_stats that cuda_docs_offsets scales from it for a head layout. */
+struct cuda_docs {
+    const int32_t *pos;  /* the device positions described; NULL: none */
+    int B, T;
+    int entries;         /* table rows: a power of two >= the documents, the rest of length 0 */
+    int longest;         /* a power of two >= the longest document (and >= 64) */
+    void *table;
+    size_t table_bytes;
+    int scaled_hq, scaled_hkv, scaled_d; /* the layout off_* hold; 0: not scaled yet */
+};
+
 struct cuda_ctx {
     int device;
     int num_sms;
@@ -62,6 +76,7 @@ struct cuda_ctx {
     float *weight_stage;          /* fp32 staging for fetch_weights_f32_async on the h2d stream (on first use) */
     void *scratch;                /* per-op device scratch (partials, attention row terms) */
     size_t scratch_bytes;
+    struct cuda_docs docs;
 };
 
 static inline struct cuda_ctx *cuda_ctx_of(struct backend *be)
@@ -164,6 +179,7 @@ void cuda_cross_entropy(struct backend *be, void *logits, float *loss_rows, int3
                         const float *row_scale, int n, int V);
 /* attention_fwd.cu, attention_bwd.cu */
 bool cuda_attention_supports(struct backend *be, int D);
+void cuda_upload_positions(struct backend *be, int32_t *dst, const int32_t *pos, int B, int T);
 void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q, const void *k, const void *v,
                         const int32_t *pos, int B, int T, int Hq, int Hkv, int D);
 void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
