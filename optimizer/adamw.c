@@ -601,20 +601,19 @@ __attribute__((target(AVX512_TARGET))) static inline __m512 q8_decode16_avx512(_
     return _mm512_mask_sub_ps(x, sub, x, _mm512_castsi512_ps(_mm512_slli_epi32(low, 23)));
 }
 
-/* q8_encode of 16 magnitudes' bits u: low = t - 14 in every lane, base = low << 23 (the lowest normal
- * binade's start), off = (low - 1) << mbits and off_sub = low << mbits (the codes' offsets above it
- * and in it). */
-__attribute__((target(AVX512_TARGET))) static inline __m512i q8_encode16_avx512(__m512i u, __m512i low, __m512i base,
-                                                                             __m512i off, __m512i off_sub,
-                                                                             int mbits, __m512i rbits)
+/* q8_encode of 16 magnitudes' bits u before its clamp to the largest code (which only inf or NaN
+ * pass): base = (t - 14) << 23 in every lane (the lowest normal binade's start), off = (t - 15) <<
+ * mbits and off_sub = (t - 14) << mbits (the codes' offsets above it and in it). */
+__attribute__((target(AVX512_TARGET))) static inline __m512i q8_encode16_unclamped_avx512(__m512i u, __m512i base,
+                                                                                       __m512i off, __m512i off_sub,
+                                                                                       int mbits, __m512i rbits)
 {
     const int drop = 23 - mbits;
-    __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_srli_epi32(u, 23), low); /* under the lowest binade */
+    __mmask16 sub = _mm512_cmplt_epu32_mask(u, base); /* under the lowest binade */
     u = _mm512_castps_si512(
         _mm512_mask_add_ps(_mm512_castsi512_ps(u), sub, _mm512_castsi512_ps(u), _mm512_castsi512_ps(base)));
-    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(u, rbits), drop),
-                                    _mm512_mask_blend_epi32(sub, off, off_sub));
-    return _mm512_min_epu32(code, _mm512_set1_epi32((16 << mbits) - 1));
+    return _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(u, rbits), drop),
+                            _mm512_mask_blend_epi32(sub, off, off_sub));
 }
 
 /* The largest lane of x and of y (unsigned), both in one pass of shuffles. */
@@ -640,12 +639,15 @@ __attribute__((target(AVX512_TARGET))) static inline __m512i q8_draws16_avx512(u
 }
 
 /* with_p16: write the bf16 copy (a constant in each caller, so the variant without it has no pack:
- * this update is bound by the vector ALUs, not the divider, so the pack's instructions count). */
+ * this update is bound by the vector ALUs, not the divider, so the pack's instructions count).
+ * Blocks go G at a time: the first pass of all G, then their maxima (independent chains, which the
+ * core overlaps: one block's maximum to scale to encoding is a long chain of latency), then the
+ * second pass of all G. */
 __attribute__((target(AVX512_TARGET), always_inline)) static inline void adamw8_avx512_body(const struct consts *c,
                                                                                           const struct io8 *a,
                                                                                           size_t n, bool with_p16)
 {
-    enum { V = STATE8_BLOCK / 16 };
+    enum { V = STATE8_BLOCK / 16, G = 4 };
     const __m512 gscale = _mm512_set1_ps(c->gscale), decay = _mm512_set1_ps(c->decay), w1 = _mm512_set1_ps(c->w1),
                  one_w1 = _mm512_set1_ps(1.0f - c->w1), b2 = _mm512_set1_ps(c->b2), w2 = _mm512_set1_ps(c->w2),
                  bc2s = _mm512_set1_ps(c->bc2_sqrt), neg_step = _mm512_set1_ps(c->neg_step),
@@ -654,66 +656,81 @@ __attribute__((target(AVX512_TARGET), always_inline)) static inline void adamw8_
                   low16 = _mm512_set1_epi32(0xffff), one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
                   sign = _mm512_set1_epi32((int)0x80000000u), sign8 = _mm512_set1_epi32(0x80);
     size_t i = 0;
-    for (; i + STATE8_BLOCK <= n; i += STATE8_BLOCK) {
-        size_t b = i / STATE8_BLOCK;
-        __m512i mlow = _mm512_set1_epi32((int)q8_scale_at(a->in.m_scale[b]) - 14);
-        __m512i vlow = _mm512_set1_epi32((int)q8_scale_at(a->in.v_scale[b]) - 14);
-        __m512 mnew[V], snew[V];
-        __m512i mmax = _mm512_setzero_si512(), smax = _mm512_setzero_si512();
-        for (int k = 0; k < V; k++) {
-            size_t j = i + 16 * (size_t)k;
-            __m512i mc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a->in.m + j)));
-            __m512 mo = _mm512_castsi512_ps(_mm512_ternarylogic_epi32( /* magnitude | (code << 24 & sign) */
-                _mm512_castps_si512(q8_decode16_avx512(_mm512_and_si512(mc, low7), mlow, Q8_M_BITS)),
-                _mm512_slli_epi32(mc, 24), sign, 0xf8));
-            __m512 so = q8_decode16_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a->in.v + j))), vlow,
-                                           Q8_V_BITS);
-            __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(a->g + j), gscale);
-            __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(a->p + j), decay);
-            __m512 mi = c->lerp_low ? _mm512_add_ps(mo, _mm512_mul_ps(w1, _mm512_sub_ps(gi, mo)))
-                                    : _mm512_sub_ps(gi, _mm512_mul_ps(_mm512_sub_ps(gi, mo), one_w1));
-            __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(so, so), b2), _mm512_mul_ps(_mm512_mul_ps(w2, gi), gi));
-            __m512 si = _mm512_sqrt_ps(vi);
-            __m512 denom = _mm512_add_ps(_mm512_div_ps(si, bc2s), eps);
-            pi = _mm512_add_ps(pi, _mm512_mul_ps(neg_step, _mm512_div_ps(mi, denom)));
-            _mm512_storeu_ps(a->po + j, pi);
-            if (with_p16) {
-                __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(pi), 16), one);
-                _mm256_storeu_si256((__m256i *)(a->p16 + j), bf16_pack16_add_avx512(pi, _mm512_add_epi32(bias, lsb)));
+    for (int group = G; group > 0; group = group > 1 ? 1 : 0) /* G blocks at a time, then one */
+        for (; i + (size_t)group * STATE8_BLOCK <= n; i += (size_t)group * STATE8_BLOCK) {
+            __m512 mnew[G * V], snew[G * V];
+            __m512i mmax[G], smax[G];
+            for (int blk = 0; blk < group; blk++) {
+                size_t b = i / STATE8_BLOCK + (size_t)blk;
+                __m512i mlow = _mm512_set1_epi32((int)q8_scale_at(a->in.m_scale[b]) - 14);
+                __m512i vlow = _mm512_set1_epi32((int)q8_scale_at(a->in.v_scale[b]) - 14);
+                mmax[blk] = _mm512_setzero_si512();
+                smax[blk] = _mm512_setzero_si512();
+                for (int k = 0; k < V; k++) {
+                    size_t j = i + (size_t)(blk * V + k) * 16;
+                    __m512i mc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a->in.m + j)));
+                    __m512 mo = _mm512_castsi512_ps(_mm512_ternarylogic_epi32( /* magnitude | (code << 24 & sign) */
+                        _mm512_castps_si512(q8_decode16_avx512(_mm512_and_si512(mc, low7), mlow, Q8_M_BITS)),
+                        _mm512_slli_epi32(mc, 24), sign, 0xf8));
+                    __m512 so = q8_decode16_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a->in.v + j))),
+                                                   vlow, Q8_V_BITS);
+                    __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(a->g + j), gscale);
+                    __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(a->p + j), decay);
+                    __m512 mi = c->lerp_low ? _mm512_add_ps(mo, _mm512_mul_ps(w1, _mm512_sub_ps(gi, mo)))
+                                            : _mm512_sub_ps(gi, _mm512_mul_ps(_mm512_sub_ps(gi, mo), one_w1));
+                    __m512 vi =
+                        _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(so, so), b2), _mm512_mul_ps(_mm512_mul_ps(w2, gi), gi));
+                    __m512 si = _mm512_sqrt_ps(vi);
+                    __m512 denom = _mm512_add_ps(_mm512_div_ps(si, bc2s), eps);
+                    pi = _mm512_add_ps(pi, _mm512_mul_ps(neg_step, _mm512_div_ps(mi, denom)));
+                    _mm512_storeu_ps(a->po + j, pi);
+                    if (with_p16) {
+                        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(pi), 16), one);
+                        _mm256_storeu_si256((__m256i *)(a->p16 + j),
+                                            bf16_pack16_add_avx512(pi, _mm512_add_epi32(bias, lsb)));
+                    }
+                    mnew[blk * V + k] = mi;
+                    snew[blk * V + k] = si;
+                    mmax[blk] = _mm512_max_epu32(mmax[blk], _mm512_and_si512(_mm512_castps_si512(mi), abs));
+                    smax[blk] = _mm512_max_epu32(smax[blk], _mm512_and_si512(_mm512_castps_si512(si), abs));
+                }
             }
-            mnew[k] = mi;
-            snew[k] = si;
-            mmax = _mm512_max_epu32(mmax, _mm512_and_si512(_mm512_castps_si512(mi), abs));
-            smax = _mm512_max_epu32(smax, _mm512_and_si512(_mm512_castps_si512(si), abs));
+            uint32_t mt[G], vt[G];
+            for (int blk = 0; blk < group; blk++) {
+                hmax2_avx512(mmax[blk], smax[blk], &mt[blk], &vt[blk]);
+                mt[blk] = q8_scale_of(mt[blk]);
+                vt[blk] = q8_scale_of(vt[blk]);
+                a->out.m_scale[i / STATE8_BLOCK + (size_t)blk] = (uint8_t)mt[blk];
+                a->out.v_scale[i / STATE8_BLOCK + (size_t)blk] = (uint8_t)vt[blk];
+            }
+            for (int blk = 0; blk < group; blk++) {
+                const __m512i mlow = _mm512_set1_epi32((int)mt[blk] - 14), vlow = _mm512_set1_epi32((int)vt[blk] - 14);
+                const __m512i mbase = _mm512_slli_epi32(mlow, 23), vbase = _mm512_slli_epi32(vlow, 23);
+                const __m512i moff = _mm512_slli_epi32(_mm512_sub_epi32(mlow, one), Q8_M_BITS),
+                              msub = _mm512_slli_epi32(mlow, Q8_M_BITS);
+                const __m512i voff = _mm512_slli_epi32(_mm512_sub_epi32(vlow, one), Q8_V_BITS),
+                              vsub = _mm512_slli_epi32(vlow, Q8_V_BITS);
+                for (int k = 0; k < V; k++) {
+                    size_t j = i + (size_t)(blk * V + k) * 16;
+                    __m512i r = q8_draws16_avx512(a->round_key, a->round_first + j);
+                    __m512i mu = _mm512_castps_si512(mnew[blk * V + k]),
+                            su = _mm512_and_si512(_mm512_castps_si512(snew[blk * V + k]), abs);
+                    /* the random bits below the kept ones: bits 0-15 of the draw for m, 16-31 for v */
+                    __m512i mcode = q8_encode16_unclamped_avx512(
+                        _mm512_and_si512(mu, abs), mbase, moff, msub, Q8_M_BITS,
+                        _mm512_slli_epi32(_mm512_and_si512(r, low16), 23 - Q8_M_BITS - 16));
+                    mcode = _mm512_min_epu32(mcode, low7);
+                    mcode = _mm512_ternarylogic_epi32(mcode, _mm512_srli_epi32(mu, 24), sign8, 0xf8); /* | (mu >> 24 & 0x80) */
+                    __m512i vcode = q8_encode16_unclamped_avx512(
+                        su, vbase, voff, vsub, Q8_V_BITS, _mm512_slli_epi32(_mm512_srli_epi32(r, 16), 23 - Q8_V_BITS - 16));
+                    /* a non-zero sqrt(v) keeps code 1 at least; the largest code, 255, is the byte's limit, so the
+                     * saturating narrowing clamps */
+                    vcode = _mm512_mask_max_epu32(vcode, _mm512_test_epi32_mask(su, su), vcode, one);
+                    _mm_storeu_si128((__m128i *)(a->out.m + j), _mm512_cvtepi32_epi8(mcode));
+                    _mm_storeu_si128((__m128i *)(a->out.v + j), _mm512_cvtusepi32_epi8(vcode));
+                }
+            }
         }
-        uint32_t mbits_max, sbits_max;
-        hmax2_avx512(mmax, smax, &mbits_max, &sbits_max);
-        uint32_t mt = q8_scale_of(mbits_max), vt = q8_scale_of(sbits_max);
-        a->out.m_scale[b] = (uint8_t)mt;
-        a->out.v_scale[b] = (uint8_t)vt;
-        mlow = _mm512_set1_epi32((int)mt - 14);
-        vlow = _mm512_set1_epi32((int)vt - 14);
-        const __m512i mbase = _mm512_slli_epi32(mlow, 23), vbase = _mm512_slli_epi32(vlow, 23);
-        const __m512i moff = _mm512_slli_epi32(_mm512_sub_epi32(mlow, one), Q8_M_BITS),
-                      msub = _mm512_slli_epi32(mlow, Q8_M_BITS);
-        const __m512i voff = _mm512_slli_epi32(_mm512_sub_epi32(vlow, one), Q8_V_BITS),
-                      vsub = _mm512_slli_epi32(vlow, Q8_V_BITS);
-        for (int k = 0; k < V; k++) {
-            size_t j = i + 16 * (size_t)k;
-            __m512i r = q8_draws16_avx512(a->round_key, a->round_first + j);
-            __m512i mu = _mm512_castps_si512(mnew[k]), su = _mm512_and_si512(_mm512_castps_si512(snew[k]), abs);
-            /* the random bits below the kept ones: bits 0-15 of the draw for m, 16-31 for v */
-            __m512i mcode = q8_encode16_avx512(_mm512_and_si512(mu, abs), mlow, mbase, moff, msub, Q8_M_BITS,
-                                               _mm512_slli_epi32(_mm512_and_si512(r, low16), 23 - Q8_M_BITS - 16));
-            mcode = _mm512_ternarylogic_epi32(mcode, _mm512_srli_epi32(mu, 24), sign8, 0xf8); /* | (mu >> 24 & 0x80) */
-            __m512i vcode = q8_encode16_avx512(su, vlow, vbase, voff, vsub, Q8_V_BITS,
-                                               _mm512_slli_epi32(_mm512_srli_epi32(r, 16), 23 - Q8_V_BITS - 16));
-            /* a non-zero sqrt(v) keeps code 1 at least */
-            vcode = _mm512_mask_max_epu32(vcode, _mm512_test_epi32_mask(su, su), vcode, one);
-            _mm_storeu_si128((__m128i *)(a->out.m + j), _mm512_cvtepi32_epi8(mcode));
-            _mm_storeu_si128((__m128i *)(a->out.v + j), _mm512_cvtepi32_epi8(vcode));
-        }
-    }
     if (i < n)
         adamw8_block_scalar(c, a, i, n - i);
 }
