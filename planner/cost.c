@@ -246,7 +246,7 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
     out->acts_per_layer = cost_layer_act_bytes(cfg, N, act, a);
     out->kept_acts = (int64_t)kept * out->acts_per_layer + (kept < L ? out->acts_per_layer : 0);
     out->bwd_scratch = 3 * al(N * C * act, a) + al(N * 4, a) /* d_final, d_dres, d_dfinal, d_final_rstd */
-                       + 3 * al(N * I * act, a) + al(N * C * act, a) /* bw_ni0..2, bw_nc */
+                       + al(N * I * act, a) + al(N * C * act, a) /* bw_ni, bw_nc */
                        + 2 * al(N * q * act, a) + 3 * al(N * kv * act, a); /* bw_q, bw_q2, bw_k, bw_v, bw_k2 */
     out->logits = al((int64_t)mc->plan->logits_rows * V * act, a);
     /* tokens, targets, correct, document positions, row_scale, loss; the RoPE tables */

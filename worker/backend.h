@@ -145,7 +145,8 @@ struct backend_ops {
 
     /* out(n) = silu(gate) * up, silu(x) = x / (1 + exp(-x)) */
     void (*swiglu_fwd)(struct backend *be, void *out, const void *gate, const void *up, size_t n);
-    /* dgate, dup (n) overwritten */
+    /* dgate, dup (n) overwritten; each element is read before it is written, so dgate may be gate
+     * and dup may be up */
     void (*swiglu_bwd)(struct backend *be, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                        size_t n);
 

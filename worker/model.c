@@ -172,9 +172,7 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     m->d_logits = act_alloc(m, (size_t)m->logits_rows * V, &fail);
     m->d_dres = act_alloc(m, N * C, &fail);
     m->d_dfinal = act_alloc(m, N * C, &fail);
-    m->bw_ni0 = act_alloc(m, N * I, &fail);
-    m->bw_ni1 = act_alloc(m, N * I, &fail);
-    m->bw_ni2 = act_alloc(m, N * I, &fail);
+    m->bw_ni = act_alloc(m, N * I, &fail);
     m->bw_nc = act_alloc(m, N * C, &fail);
     m->bw_q = act_alloc(m, N * (size_t)m->qdim, &fail);
     m->bw_k = act_alloc(m, N * (size_t)m->kvdim, &fail);
@@ -224,7 +222,7 @@ void model_free(struct model *m)
                 be->ops->free(be, m->layer_inp[l]);
     void *ptrs[] = {m->d_tokens, m->d_targets,  m->d_correct, m->d_pos, m->d_row_scale, m->d_loss_rows, m->d_cos,
                     m->d_sin,    m->d_final,    m->d_final_rstd, m->d_logits, m->d_dres,      m->d_dfinal,
-                    m->bw_ni0,   m->bw_ni1,     m->bw_ni2,    m->bw_nc,       m->bw_q,        m->bw_k,
+                    m->bw_ni,    m->bw_nc,      m->bw_q,      m->bw_k,
                     m->bw_v,     m->bw_q2,      m->bw_k2,     m->grad_bufs[0],
                     m->embed_grad_in_pair ? NULL : m->grad_embed, m->embed_grad_in_pair ? NULL : m->grad_bufs[1]};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
@@ -327,8 +325,9 @@ static void layer_backward(struct model *m, const struct tensor_ptrs *p, const v
     int N = m->N, C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
     int Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
 
-    /* MLP: out = h + down(silu(gate(ln2)) * up(ln2)) */
-    void *d_sw = m->bw_ni0, *d_gate = m->bw_ni1, *d_up = m->bw_ni2, *d_ln = m->bw_nc;
+    /* MLP: out = h + down(silu(gate(ln2)) * up(ln2)); gate and up are read for the last time by
+     * swiglu_bwd, which writes their gradients over them (two (N,I) buffers fewer: long context) */
+    void *d_sw = m->bw_ni, *d_gate = a->gate, *d_up = a->up, *d_ln = m->bw_nc;
     o->matmul_bwd(be, d_sw, p->g[TENSOR_DOWN], NULL, dres, a->sw, p->w[TENSOR_DOWN], N, I, C, false);
     o->swiglu_bwd(be, d_gate, d_up, d_sw, a->gate, a->up, (size_t)N * I);
     o->matmul_bwd(be, d_ln, p->g[TENSOR_GATE], NULL, d_gate, a->ln2, p->w[TENSOR_GATE], N, C, I, false);

@@ -60,7 +60,7 @@ struct model {
     void *d_logits;       /* (logits_rows, V) */
     void *d_dres;         /* residual-stream gradient (N,C) */
     void *d_dfinal;       /* (N,C) */
-    void *bw_ni0, *bw_ni1, *bw_ni2; /* (N,I) backward scratch */
+    void *bw_ni;          /* (N,I) backward scratch: the gradient of the SwiGLU output */
     void *bw_nc;          /* (N,C) */
     void *bw_q, *bw_k, *bw_v, *bw_q2, *bw_k2; /* backward scratch for attention */
     float *grad_embed;    /* embedding chunk's gradient (accumulates head and lookup when tied) */
