@@ -135,7 +135,9 @@ static double mm_bwd_s(const struct dev *d, double N, double IC, double OC, bool
     return gemm_s(d, N, IC, OC) + gemm_s(d, OC, IC, N) + dw_traffic + (bias ? elem_s(d, ELEM_ADD, N * OC) : 0);
 }
 
-static double layer_fwd_s(const struct dev *d, const struct shape *s)
+/* to_output: through the down projection and the residual add. A layer recomputed for its backward
+ * stops at the SwiGLU (worker/model.c): its output is the next layer's input, already kept. */
+static double layer_fwd_s(const struct dev *d, const struct shape *s, bool to_output)
 {
     double N = s->N, C = s->C, I = s->I, t = 0;
     t += elem_s(d, ELEM_RMSNORM_FWD, N * C);
@@ -147,7 +149,8 @@ static double layer_fwd_s(const struct dev *d, const struct shape *s)
     t += mm_fwd_s(d, N, s->qdim, C, false) + elem_s(d, ELEM_ADD, N * C);
     t += elem_s(d, ELEM_RMSNORM_FWD, N * C);
     t += 2 * mm_fwd_s(d, N, C, I, false) + elem_s(d, ELEM_SWIGLU_FWD, N * I);
-    t += mm_fwd_s(d, N, I, C, false) + elem_s(d, ELEM_ADD, N * C);
+    if (to_output)
+        t += mm_fwd_s(d, N, I, C, false) + elem_s(d, ELEM_ADD, N * C);
     return t;
 }
 
@@ -803,7 +806,8 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
     int G = s->G, A = mc->job->grad_accum, sends = s->sends, H = s->H, SH = state_hosts(p);
     bool sharded = s->sharded, gpu_grads = s->shard_acc;
     double link_bw = cost_link_bw(mc->job);
-    double lf = layer_fwd_s(d, &sh), lb = layer_bwd_s(d, &sh), act_bytes = sh.N * sh.C * 2;
+    double lf = layer_fwd_s(d, &sh, true), lr = layer_fwd_s(d, &sh, false), lb = layer_bwd_s(d, &sh);
+    double act_bytes = sh.N * sh.C * 2;
     /* what document attention skips is no FLOP of the step */
     double attn_flops = 4 * attn_pairs(sh.B, sh.T, sh.Hq, sh.pair_frac) * sh.D;
     double flops_layer = cost_layer_flops(mc->cfg, sh.B, sh.T) - 4 * attn_pairs(sh.B, sh.T, sh.Hq, 1) * sh.D + attn_flops;
@@ -866,9 +870,10 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
             for (int l = ch->first_layer; l < ch->first_layer + ch->num_layers; l++)
                 recompute += !p->keep_acts[l];
             s->fwd[c] = ch->num_layers * lf;
-            s->bwd[c] = elem_s(d, ELEM_ZERO, (double)ch->numel) + ch->num_layers * lb + recompute * lf;
-            out->recompute_s += A * recompute * lf;
-            out->flops += A * (ch->num_layers * (3 * flops_layer + 1.5 * attn_flops) + recompute * flops_layer);
+            s->bwd[c] = elem_s(d, ELEM_ZERO, (double)ch->numel) + ch->num_layers * lb + recompute * lr;
+            out->recompute_s += A * recompute * lr;
+            out->flops += A * (ch->num_layers * (3 * flops_layer + 1.5 * attn_flops) +
+                               recompute * (flops_layer - 2 * sh.N * sh.I * sh.C));
             if (mc->offload && !d->cpu && recompute > 0) { /* inputs out in the forward, back in the backward */
                 s->offload_out[c] = recompute * act_bytes / rt->d2h;
                 s->fetch_bwd[c] += recompute * act_bytes / rt->h2d_bwd;

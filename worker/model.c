@@ -281,6 +281,8 @@ void model_set_positions(struct model *m, const int32_t *positions)
         m->be->ops->upload_positions(m->be, m->d_pos, positions, m->B, m->T);
 }
 
+/* out NULL: a recompute for the backward, which needs the activations but not the output (the
+ * next layer's input, kept), so the down projection is skipped. */
 static void layer_forward(struct model *m, const struct tensor_ptrs *p, const void *inp, void *out,
                           struct layer_acts *a)
 {
@@ -311,6 +313,8 @@ static void layer_forward(struct model *m, const struct tensor_ptrs *p, const vo
     o->matmul_fwd(be, a->gate, a->ln2, p->w[TENSOR_GATE], NULL, N, C, I);
     o->matmul_fwd(be, a->up, a->ln2, p->w[TENSOR_UP], NULL, N, C, I);
     o->swiglu_fwd(be, a->sw, a->gate, a->up, (size_t)N * I);
+    if (!out)
+        return;
     o->matmul_fwd(be, out, a->sw, p->w[TENSOR_DOWN], NULL, N, I, C);
     o->add_inplace(be, out, a->h, (size_t)N * C);
 }
@@ -527,7 +531,7 @@ int model_train_micro(struct model *m, const struct model_io *io, const int32_t 
             struct layer_acts *a = &m->acts[l];
             if (!m->keep_acts[l]) {
                 a = m->scratch;
-                layer_forward(m, &p, m->layer_inp[l], m->layer_inp[l + 1], a);
+                layer_forward(m, &p, m->layer_inp[l], NULL, a);
             }
             layer_backward(m, &p, m->layer_inp[l], a, m->d_dres);
         }
