@@ -108,7 +108,7 @@ static double time_model(struct backend *be, int layers, int vocab, struct varia
     if (logits_rows > 0 || v.recompute_last) { /* the model again, with the plan's logits chunk or recomputation */
         model_free(&rm.model);
         if (model_init(&rm.model, be, &rm.cfg, rm.lay.tensors, rm.lay.num_tensors, rm.lay.chunks, rm.lay.num_chunks,
-                       B, T, keep + 2 - layers, logits_rows) != 0) {
+                       B, T, keep + 2 - layers, logits_rows, false) != 0) {
             resident_model_free(&rm);
             return -1;
         }

@@ -22,8 +22,7 @@
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/issue32
 rm -rf "$w" && mkdir -p "$w"
-shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
-[ "${shm_free:-0}" -lt 120 ] && mount -o remount,size=126G /dev/shm
+shm_at_least 120 126G
 log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); $(free -g | grep Mem); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 random_tokens "$w/train.bin" 2000000
 deadline=${DEADLINE:-530}

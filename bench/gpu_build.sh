@@ -116,6 +116,13 @@ PY
 # bench_job DIR: sets job_args to the shared job ($bench_ini) with its token data
 # (DIR/train.bin), logs and checkpoints in DIR; a script adds its own overrides after them.
 bench_ini=$root/bench/qwen3-1.7b.ini
+# shm_at_least GIB SIZE: remounts /dev/shm at SIZE (e.g. 100G) when less than GIB GiB of it is free.
+shm_at_least() {
+    local free
+    free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
+    [ "${free:-0}" -ge "$1" ] || mount -o remount,size="$2" /dev/shm
+}
+
 bench_job() {
     job_args=("$bench_ini" "data.train=$1/train.bin" "log.dir=$1/log" "checkpoint.dir=$1/ckpt")
 }

@@ -19,8 +19,7 @@ peer=$deps/torch_peer.py
 w=/tmp/issue19
 rm -rf "$w" && mkdir -p "$w"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
-[ "${shm_free:-0}" -lt 120 ] && mount -o remount,size=126G /dev/shm
+shm_at_least 120 126G
 log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); $(free -g | grep Mem); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 random_tokens "$w/train.bin" 2000000
 job() { host_job "$w" "$@"; }

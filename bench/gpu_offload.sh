@@ -13,8 +13,7 @@ peer=$deps/torch_peer.py
 w=/tmp/offload
 rm -rf "$w" && mkdir -p "$w"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
-[ "${shm_free:-0}" -lt 60 ] && mount -o remount,size=100G /dev/shm
+shm_at_least 60 100G
 log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 
 random_tokens "$w/train.bin" 2000000

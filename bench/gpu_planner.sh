@@ -8,8 +8,7 @@
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/planner
 rm -rf "$w" && mkdir -p "$w"
-shm_free=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
-[ "${shm_free:-0}" -lt 60 ] && mount -o remount,size=100G /dev/shm
+shm_at_least 60 100G
 random_tokens "$w/train.bin" 2000000
 bench_job "$w"
 deadline=${DEADLINE:-560}

@@ -35,6 +35,7 @@ struct plan {
     int logits_rows;        /* rows per cross-entropy chunk */
     int accumulate_on_device; /* micro-steps sum their gradients on the GPU; each rank sends once per step */
     int weights_source;     /* enum weights_source, never AUTO here */
+    int offload_inputs;     /* layer inputs wait for the backward in host memory (docs/design.md §6.1) */
     uint8_t keep_acts[PLAN_MAX_LAYERS]; /* per layer: 1 keep, 0 recompute from the layer input */
     /* predictions (seconds per step, bytes); the choices above identify a job's state
      * (launcher/state.c job_hash), these do not */

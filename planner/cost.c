@@ -242,9 +242,9 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
     if (mc->plan->accumulate_on_device) /* one more buffer per chunk (the embedding's is reused) */
         for (int c = 1; c < mc->lay->num_chunks; c++)
             out->grad_bufs += al(mc->lay->chunks[c].numel * 4, a);
-    /* every layer's input stays on the device; offloading (what-if) keeps only the kept layers'
-     * and the final one, plus two staging buffers for the transfers */
-    int inputs = mc->offload ? kept + 3 : L + 1;
+    /* every layer's input stays on the device; offloaded (worker/model.c), the two ring buffers
+     * (BE_ACT_SLOTS) and the final stream do */
+    int inputs = mc->offload ? 3 : L + 1;
     out->layer_inputs = inputs * al(N * C * act, a);
     out->acts_per_layer = cost_layer_act_bytes(cfg, N, act, a);
     out->kept_acts = (int64_t)kept * out->acts_per_layer + (kept < L ? out->acts_per_layer : 0);
@@ -336,6 +336,10 @@ void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host
     out->grads = (int64_t)(shape.grads_direct ? own_sz.grads_bytes : sz.grads_bytes);
     out->ctl = (int64_t)sz.ctl_bytes;
     out->workers = mc->job->device == DEVICE_CPU ? mc->job->gpus * gpu_bytes : 0;
+    if (mc->offload) /* each worker's layer inputs in (registered) host memory */
+        out->workers += (int64_t)mc->job->gpus * mc->cfg->num_layers *
+                        ((int64_t)mc->job->micro_batch * mc->job->seq_len * mc->cfg->hidden_size *
+                         (mc->job->device == DEVICE_CPU ? 4 : 2));
     out->total = out->params16 + out->master + out->grads + out->ctl + out->workers;
 }
 
@@ -874,11 +878,14 @@ static void chunk_costs(struct sim *s, const struct dev *d, const struct rates *
             out->recompute_s += A * recompute * lr;
             out->flops += A * (ch->num_layers * (3 * flops_layer + 1.5 * attn_flops) +
                                recompute * (flops_layer - 2 * sh.N * sh.I * sh.C));
-            if (mc->offload && !d->cpu && recompute > 0) { /* inputs out in the forward, back in the backward */
-                s->offload_out[c] = recompute * act_bytes / rt->d2h;
-                s->fetch_bwd[c] += recompute * act_bytes / rt->h2d_bwd;
-                s->bytes_bwd[c] += recompute * act_bytes;
-                out->d2h_bytes += A * recompute * act_bytes;
+            if (mc->offload) { /* every input out in the forward; back in the backward but the last two (the ring) */
+                int back = 0;
+                for (int l = ch->first_layer; l < ch->first_layer + ch->num_layers; l++)
+                    back += l < mc->cfg->num_layers - 2;
+                s->offload_out[c] = ch->num_layers * act_bytes / rt->d2h;
+                s->fetch_bwd[c] += back * act_bytes / rt->h2d_bwd;
+                s->bytes_bwd[c] += back * act_bytes;
+                out->d2h_bytes += A * ch->num_layers * act_bytes;
                 out->d2h_s += A * s->offload_out[c];
             }
         }

@@ -27,7 +27,7 @@ struct cost_case {
     const int *owner;
     const struct calib *cal;
     int host_cpus;
-    bool offload; /* recomputed layers keep their input in host memory (not implemented; what-if) */
+    bool offload; /* the layer inputs wait for the backward in host memory (plan.offload_inputs) */
 };
 
 /* Predicted seconds per optimizer step, per rank. */

@@ -178,8 +178,9 @@ static void print_text_gpu_memory(const struct report *r)
                in->gpu_auto ? (cpu ? " (auto: what the host has left)" : " (auto: calibrated device memory)") : "");
     printf("  chunk buffers    %10s  (%d x largest chunk)\n", sz(g->chunk_bufs), r->plan->chunk_buffers);
     printf("  gradient buffers %10s\n", sz(g->grad_bufs));
-    printf("  layer inputs     %10s  (%d x %s)\n", sz(g->layer_inputs), L + 1,
-           sz(g->layer_inputs / (L + 1)));
+    int inputs = r->plan->offload_inputs ? 3 : L + 1;
+    printf("  layer inputs     %10s  (%d x %s%s)\n", sz(g->layer_inputs), inputs, sz(g->layer_inputs / inputs),
+           r->plan->offload_inputs ? ": two in the ring and the final stream; the rest in host memory" : "");
     printf("  activations      %10s  (%d/%d layers kept, %s each%s)\n", sz(g->kept_acts), in->kept, L,
            sz(g->acts_per_layer), in->kept < L ? ", plus one recompute set" : "");
     printf("  backward scratch %10s\n", sz(g->bwd_scratch));
@@ -220,6 +221,8 @@ static void print_text_host_memory(const struct report *r)
     print_text_weights_source(r);
     if (cpu)
         printf("  + the workers' memory %s (the CPU backend's device memory is host memory)\n", sz(h->workers));
+    else if (h->workers)
+        printf("  + the workers' offloaded layer inputs %s\n", sz(h->workers));
     if (in->host_available > 0)
         printf("  this host has %s available: %s\n", sz(in->host_available),
                in->host_fits ? "fits"
@@ -274,22 +277,6 @@ static void print_text_hosts(const struct report *r)
         if (h->step_s > 0)
             printf(", fastest step %.4f s", h->step_s);
         printf("%s\n", st == r->plan->host_state ? "  (chosen)" : "");
-    }
-}
-
-static void print_text_whatifs(const struct report *r)
-{
-    const struct plan_info *in = r->info;
-    if (in->num_whatifs == 0)
-        return;
-    printf("\nnot implemented yet, on this plan:\n");
-    for (int i = 0; i < in->num_whatifs; i++) {
-        const struct plan_whatif *w = &in->whatifs[i];
-        if (w->fits)
-            printf("  %-44s step %.4f s (%+.1f%%), %s per rank, %d/%d layers kept\n", w->what, w->step_s,
-                   100.0 * (w->step_s / in->pred.step_s - 1), sz(w->gpu_bytes), w->kept, r->cfg->num_layers);
-        else
-            printf("  %-44s does not fit\n", w->what);
     }
 }
 
@@ -351,7 +338,6 @@ static void print_text(const struct report *r)
     print_text_gpu_memory(r);
     print_text_host_memory(r);
     print_text_hosts(r);
-    print_text_whatifs(r);
     print_text_calibration(r);
 }
 
@@ -434,6 +420,7 @@ static cJSON *plan_json(const struct report *r)
     cJSON_AddBoolToObject(pj, "grads_direct", cost_grads_direct(pl, r->job));
     cJSON_AddBoolToObject(pj, "grads_bf16", cost_grads_bf16(pl, r->job));
     cJSON_AddStringToObject(pj, "weights_source", plan_weights_source_name(pl->weights_source));
+    cJSON_AddBoolToObject(pj, "offload_inputs", pl->offload_inputs);
     cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
     for (int l = 0; l < r->cfg->num_layers; l++)
         cJSON_AddItemToArray(keep, cJSON_CreateNumber(pl->keep_acts[l]));
@@ -574,24 +561,6 @@ static cJSON *hosts_json(const struct report *r)
     return h;
 }
 
-/* The policies the workers do not implement yet, priced (with_fits: each one says whether it fits;
- * the report of a failed search leaves that out). */
-static cJSON *whatifs_json(const struct plan_info *in, bool with_fits)
-{
-    cJSON *w = cJSON_CreateArray();
-    for (int i = 0; i < in->num_whatifs; i++) {
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "what", in->whatifs[i].what);
-        if (with_fits)
-            cJSON_AddBoolToObject(e, "fits", in->whatifs[i].fits);
-        cJSON_AddNumberToObject(e, "step_s", in->whatifs[i].step_s);
-        cJSON_AddNumberToObject(e, "gpu_bytes", (double)in->whatifs[i].gpu_bytes);
-        cJSON_AddNumberToObject(e, "kept_layers", in->whatifs[i].kept);
-        cJSON_AddItemToArray(w, e);
-    }
-    return w;
-}
-
 static cJSON *calibration_json(const struct calib *cal)
 {
     cJSON *c = cJSON_CreateObject();
@@ -640,7 +609,6 @@ static void print_json(const struct report *r)
     cJSON_AddItemToObject(o, "routes", routes_json(r));
     cJSON_AddItemToObject(o, "host_memory", host_memory_json(r));
     cJSON_AddItemToObject(o, "hosts", hosts_json(r));
-    cJSON_AddItemToObject(o, "not_implemented", whatifs_json(r->info, true));
     cJSON_AddItemToObject(o, "calibration", calibration_json(r->cal));
     print_cjson(o);
 }
@@ -659,7 +627,6 @@ static void print_failure(const struct job_config *job, const struct plan_info *
         cJSON_AddNumberToObject(hj, "total", (double)h->total);
         cJSON_AddNumberToObject(hj, "available", (double)in->host_available);
         cJSON_AddBoolToObject(hj, "fits", in->host_fits);
-        cJSON_AddItemToObject(o, "not_implemented", whatifs_json(in, false));
         cJSON_AddItemToObject(o, "longest_seq", longest_json(longest));
         print_cjson(o);
         return;
@@ -671,9 +638,6 @@ static void print_failure(const struct job_config *job, const struct plan_info *
     if (in->host_available > 0)
         printf("; this host has %s available: %s", sz(in->host_available), in->host_fits ? "fits" : "does not fit");
     printf("\n");
-    for (int i = 0; i < in->num_whatifs; i++)
-        printf("not implemented yet: with the %s, a plan would fit: %s per GPU, %d layers kept, step %.4f s\n",
-               in->whatifs[i].what, sz(in->whatifs[i].gpu_bytes), in->whatifs[i].kept, in->whatifs[i].step_s);
     longest_line(longest, job);
 }
 

@@ -400,23 +400,6 @@ static int search_all(struct search *S, const struct plan *tmpl)
     return search_shapes(S, &again);
 }
 
-/* The chosen plan again with a policy the workers do not have yet. */
-static void add_whatif(struct search *S, struct plan_info *info, const char *what, bool offload)
-{
-    struct plan p = S->best;
-    struct cand_layout cl;
-    if (info->num_whatifs >= PLAN_MAX_WHATIF || cand_layout_build(S->cfg, p.layers_per_chunk, &cl) != 0)
-        return;
-    struct priced pr;
-    struct plan_whatif *w = &info->whatifs[info->num_whatifs++];
-    w->what = what;
-    w->fits = price(S, &p, &cl, offload, &pr);
-    w->kept = w->fits ? pr.kept : 0;
-    w->step_s = w->fits ? pr.pred.step_s : 0;
-    w->gpu_bytes = w->fits ? pr.gpu.total : 0;
-    cand_layout_free(&cl);
-}
-
 /* Whether the search's best plan fits the host's memory (unknown memory: it does). */
 static bool best_fits_host(const struct search *S)
 {
@@ -764,9 +747,8 @@ static int choose_source(const struct source_search *per, int n, const struct jo
     return 1;
 }
 
-/* When nothing fits: the host memory the smallest plan would need, and whether offloading the
- * recomputed layers' inputs (not implemented yet) would make a plan fit. */
-static void explain_failure(struct search *S, const struct plan *tmpl, struct plan_info *info)
+/* When nothing fits: the host memory the smallest plan would need. */
+static void explain_failure(struct search *S, struct plan_info *info)
 {
     memset(info, 0, sizeof *info);
     info->failed = true;
@@ -779,27 +761,11 @@ static void explain_failure(struct search *S, const struct plan *tmpl, struct pl
     if (cand_layout_build(S->cfg, p.layers_per_chunk, &cl) == 0) {
         plan_assign_owners(&cl.lay, p.optim_procs, cl.owner);
         struct cost_case mc = {.job = S->job, .cfg = S->cfg, .lay = &cl.lay, .plan = &p, .owner = cl.owner,
-                                .cal = S->cal, .host_cpus = S->host_cpus};
+                                .cal = S->cal, .host_cpus = S->host_cpus, .offload = S->offload};
         cost_host_memory(&mc, S->min_need, &info->host);
         info->host_fits = S->host_avail <= 0 || info->host.total <= S->host_avail;
         cand_layout_free(&cl);
     }
-    if (S->job->device == DEVICE_CPU)
-        return;
-    struct search O = *S;
-    O.offload = true;
-    O.enforce_host = false;
-    O.found = false;
-    O.min_need = INT64_MAX;
-    if (search_all(&O, tmpl) != 0 || !O.found)
-        return;
-    info->whatifs[info->num_whatifs++] = (struct plan_whatif){
-        .what = "recomputed layers' inputs offloaded to host",
-        .fits = true,
-        .kept = O.best_kept,
-        .step_s = O.best_pred.step_s,
-        .gpu_bytes = O.best_gpu.total,
-    };
 }
 
 /* The search's starting state and the first candidate's template, for the job as it is. */
@@ -866,17 +832,30 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     }
     char source_reason[256];
     int pick = choose_source(per, nsrc, job, hosts, source_reason, sizeof source_reason);
+    bool found = false;
+    for (int i = 0; i < nsrc; i++)
+        found |= per[i].S.found;
+    /* [runtime] activations = offload, or no plan fits with every layer input on the device: offload
+     * them to host memory */
+    if (!cpu && (job->act_policy == ACT_OFFLOAD || !found)) {
+        struct search off = base;
+        off.offload = true;
+        /* fitting or not, these replace the others: offloaded, the smallest plan is smaller too
+         * (the failure names it) */
+        for (int i = 0; i < nsrc; i++) {
+            tmpl.weights_source = sources[i];
+            if (search_source(&off, &tmpl, &routes, &per[i]) != 0)
+                return -1;
+        }
+        pick = choose_source(per, nsrc, job, hosts, source_reason, sizeof source_reason);
+    }
     struct search S = per[pick].S;
     struct plan_route_option *options = per[pick].options;
     bool host_fits = per[pick].host_fits;
     tmpl.weights_source = sources[pick];
     if (!S.found) {
         if (info) {
-            struct plan smallest_routes = tmpl;
-            smallest_routes.param_route = S.min_plan.param_route;
-            smallest_routes.grad_route = S.min_plan.grad_route;
-            smallest_routes.host_state = S.min_plan.host_state;
-            explain_failure(&S, &smallest_routes, info);
+            explain_failure(&S, info);
             report_routes(info, &routes, options, false);
         }
         char budget[32], need[32], forced[160];
@@ -893,6 +872,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     }
 
     *plan = S.best;
+    plan->offload_inputs = S.offload;
     plan->predicted_step_s = S.best_pred.step_s;
     plan->predicted_compute_s = S.best_pred.compute_s;
     plan->predicted_h2d_s = S.best_pred.h2d_s;
@@ -924,8 +904,6 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
         info->gpu_budget = plan->gpu_budget ? plan->gpu_budget : left > 0 ? left / job->gpus : 0;
         info->evaluated = S.evaluated;
         report_routes(info, &routes, options, true);
-        if (!cpu)
-            add_whatif(&S, info, "recomputed layers' inputs offloaded to host", true);
         report_state_modes(&S, plan, S.best_kept, info);
         info->num_sources = nsrc;
         for (int i = 0; i < nsrc; i++)
@@ -960,16 +938,21 @@ static int fit_at(const struct job_config *job0, int T, const struct model_confi
     int sources[2], nsrc = source_candidates(&job, hosts, sources);
     bool device_fits = false;
     *min_gpu = INT64_MAX;
-    for (int i = 0; i < nsrc; i++) {
-        struct source_search ss;
-        tmpl.weights_source = sources[i];
-        if (search_source(&base, &tmpl, routes, &ss) != 0)
-            return -1;
-        if (ss.S.found && ss.host_fits)
-            return SEQ_FITS;
-        device_fits |= ss.S.found;
-        if (ss.S.min_need < *min_gpu)
-            *min_gpu = ss.S.min_need;
+    /* the layer inputs on the device, then (a GPU) offloaded, as plan_choose tries them */
+    bool gpu = job.device != DEVICE_CPU;
+    for (int offload = gpu && job.act_policy == ACT_OFFLOAD; offload <= gpu; offload++) {
+        base.offload = offload;
+        for (int i = 0; i < nsrc; i++) {
+            struct source_search ss;
+            tmpl.weights_source = sources[i];
+            if (search_source(&base, &tmpl, routes, &ss) != 0)
+                return -1;
+            if (ss.S.found && ss.host_fits)
+                return SEQ_FITS;
+            device_fits |= ss.S.found;
+            if (ss.S.min_need < *min_gpu)
+                *min_gpu = ss.S.min_need;
+        }
     }
     return device_fits ? SEQ_LIMIT_HOST : SEQ_LIMIT_GPU;
 }
@@ -1091,6 +1074,8 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
             plan->layers_per_chunk, plan->chunk_buffers, slots, plan->optim_procs, plan->optim_threads);
     fprintf(f, "plan: weights streamed from the %s\n",
             plan_streams_master(plan) ? "fp32 master (rounded to bf16 on the device)" : "bf16 copy");
+    if (plan->offload_inputs)
+        fprintf(f, "plan: layer inputs offloaded to host memory between each layer's forward and backward\n");
     fprintf(f, "plan: activations kept for %d/%d layers (others recomputed); update %s; params %s, grads %s%s\n",
             kept, cfg->num_layers, update_mode_name(plan->update_mode),
             plan->param_route == PARAMS_SHARDED ? "sharded" : "replicated",

@@ -15,17 +15,6 @@
 #include "planner/calib.h"
 #include "planner/cost.h"
 
-/* A policy the workers do not implement yet (offloaded layer inputs), priced on the chosen plan. */
-struct plan_whatif {
-    const char *what;
-    bool fits;
-    int kept;           /* layers keeping their activations */
-    double step_s;
-    int64_t gpu_bytes;
-};
-
-#define PLAN_MAX_WHATIF 1
-
 /* A combination of parameter and gradient routes, and the fastest plan found with it. */
 struct plan_route_option {
     int param_route;  /* enum param_route */
@@ -81,8 +70,6 @@ struct plan_info {
     int evaluated;          /* candidate plans priced */
     bool failed;            /* no plan fits: only min_gpu_bytes, host and the what-ifs are set */
     int64_t min_gpu_bytes;  /* the smallest device memory any plan needs */
-    int num_whatifs;
-    struct plan_whatif whatifs[PLAN_MAX_WHATIF];
     int num_routes;         /* route combinations searched, in the order tried */
     struct plan_route_option routes[PLAN_MAX_ROUTES];
     char route_reason[256]; /* why these routes: forced, one GPU, no P2P, fastest, ... */

@@ -1362,18 +1362,35 @@ static void test_recompute_as_memory_shrinks(void **state)
         assert_true(p.gpu_bytes <= job.gpu_mem);
         assert_true(p.predicted_recompute_s > 0);
     }
-    /* below every layer recomputed: the error names the smallest budget */
+    /* below every layer recomputed: the layer inputs go to host memory (plan.offload_inputs), all
+     * but the two in the ring and the final stream, 6 of 9 of N x C bf16 */
+    int64_t inputs_out = 6 * (int64_t)4 * 1024 * 1024 * 2;
     job.gpu_mem = base + per - 4096;
+    assert_int_equal(choose(&job, &cfg, &p, &info), 0);
+    assert_int_equal(p.offload_inputs, 1);
+    assert_int_equal(kept_of(&p, 8), 0);
+    assert_true(p.gpu_bytes == base + per - inputs_out && p.gpu_bytes <= job.gpu_mem);
+    assert_true(info.host.workers == 8 * (int64_t)4 * 1024 * 1024 * 2); /* every layer's input on the host */
+    printf("# offloaded: %.3f GiB on the device, %.3f GiB of layer inputs in host memory\n",
+           p.gpu_bytes / 1073741824.0, info.host.workers / 1073741824.0);
+    /* below that: the error names the smallest budget */
+    job.gpu_mem = base + per - inputs_out - 4096;
     assert_int_equal(choose(&job, &cfg, &p, &info), -1);
     char need[64];
-    snprintf(need, sizeof need, "needs %.2f GiB", (double)(base + per) / 1073741824.0);
+    snprintf(need, sizeof need, "needs %.2f GiB", (double)(base + per - inputs_out) / 1073741824.0);
     printf("# %s\n", sd_errmsg());
     assert_non_null(strstr(sd_errmsg(), "no plan fits"));
     assert_non_null(strstr(sd_errmsg(), need));
-    /* forcing every layer to keep its activations needs all of them */
+    /* forcing every layer to keep its activations needs all of them (the inputs offloaded) */
     job.act_policy = ACT_KEEP;
-    job.gpu_mem = base + 8 * per - 4096;
+    job.gpu_mem = base + 8 * per - inputs_out - 4096;
     assert_int_equal(choose(&job, &cfg, &p, &info), -1);
+    /* [runtime] activations = offload: offloaded and every layer recomputed with memory to spare */
+    job.act_policy = ACT_OFFLOAD;
+    job.gpu_mem = (int64_t)200 << 30;
+    assert_int_equal(choose(&job, &cfg, &p, &info), 0);
+    assert_int_equal(p.offload_inputs, 1);
+    assert_int_equal(kept_of(&p, 8), 0);
     assert_non_null(strstr(sd_errmsg(), "activations = keep"));
 }
 

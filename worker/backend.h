@@ -32,6 +32,7 @@ struct backend;
 
 /* Transfer slots: a small set of independent async copies (e.g. one per chunk ring buffer). */
 #define BE_MAX_XFER_SLOTS 1024
+#define BE_ACT_SLOTS 2 /* device buffers of offloaded layer inputs */
 /* A streamed master's fp32 weights cross in pieces of this many through one device staging buffer
  * (32 MiB), each rounded to bf16 behind its copy (fetch_weights_f32_async; priced by the planner). */
 #define BE_MASTER_STAGE_FLOATS ((size_t)8 << 20)
@@ -77,6 +78,15 @@ struct backend_ops {
     /* Makes compute queued from now on wait until the slot's last send has read its device
      * source, so that buffer may be overwritten. */
     void (*wait_grads_device)(struct backend *be, int slot);
+
+    /* ---- layer inputs offloaded to host memory (docs/design.md §6.1) ---- */
+    /* Starts copying bytes between device memory and registered host memory: from dev to host
+     * (save) or from host to dev, after the compute queued so far, on the copy engine of that
+     * direction. slot (< BE_ACT_SLOTS) names the device buffer, for wait_activations. */
+    void (*copy_activations_async)(struct backend *be, int slot, bool save, void *dev, void *host, size_t bytes);
+    /* Makes compute queued from now on wait for the slot's last copy (a save has read the buffer,
+     * a load has filled it). */
+    void (*wait_activations)(struct backend *be, int slot);
 
     /* ---- exchange between workers (docs/design.md §7.3) ---- */
     /* Device memory other processes can map, named by the 64 bytes written to *handle (CUDA IPC).

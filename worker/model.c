@@ -113,7 +113,7 @@ void model_rope_tables(const struct model_config *cfg, int T, float *cos_out, fl
 
 int model_init(struct model *m, struct backend *be, const struct model_config *cfg, const struct tensor_desc *tensors,
                int num_tensors, const struct chunk_desc *chunks, int num_chunks, int B, int T,
-               const uint8_t *keep_acts, int logits_rows)
+               const uint8_t *keep_acts, int logits_rows, bool offload_inputs)
 {
     memset(m, 0, sizeof *m);
     m->be = be;
@@ -160,8 +160,29 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     size_t half = (size_t)cfg->head_dim / 2;
     m->d_cos = f32_alloc(m, (size_t)T * half, &fail);
     m->d_sin = f32_alloc(m, (size_t)T * half, &fail);
-    for (int l = 0; l <= L; l++)
-        m->layer_inp[l] = act_alloc(m, N * C, &fail);
+    if (offload_inputs) {
+        size_t per_layer = N * C * be_dtype_size(be->act_dtype);
+        m->host_inp_bytes = per_layer * (size_t)L;
+        if (posix_memalign(&m->host_inp, 4096, m->host_inp_bytes) != 0) {
+            m->host_inp = NULL;
+            model_free(m);
+            return sd_err("out of host memory for %d offloaded layer inputs of %zu bytes", L, per_layer);
+        }
+        if (be->ops->register_host(be, m->host_inp, m->host_inp_bytes, false) != 0) {
+            free(m->host_inp);
+            m->host_inp = NULL;
+            model_free(m);
+            return sd_err_prefix("registering the offloaded layer inputs");
+        }
+        for (int r = 0; r < BE_ACT_SLOTS; r++) {
+            m->ring[r] = act_alloc(m, N * C, &fail);
+            m->ring_layer[r] = -1;
+        }
+        m->layer_inp[L] = act_alloc(m, N * C, &fail);
+    } else {
+        for (int l = 0; l <= L; l++)
+            m->layer_inp[l] = act_alloc(m, N * C, &fail);
+    }
     for (int l = 0; l < L; l++)
         if (m->keep_acts[l])
             acts_alloc(m, &m->acts[l], &fail);
@@ -220,6 +241,13 @@ void model_free(struct model *m)
         for (int l = 0; l <= m->cfg.num_layers; l++)
             if (m->layer_inp[l])
                 be->ops->free(be, m->layer_inp[l]);
+    for (int r = 0; r < BE_ACT_SLOTS; r++)
+        if (m->ring[r])
+            be->ops->free(be, m->ring[r]);
+    if (m->host_inp) {
+        be->ops->unregister_host(be, m->host_inp);
+        free(m->host_inp);
+    }
     void *ptrs[] = {m->d_tokens, m->d_targets,  m->d_correct, m->d_pos, m->d_row_scale, m->d_loss_rows, m->d_cos,
                     m->d_sin,    m->d_final,    m->d_final_rstd, m->d_logits, m->d_dres,      m->d_dfinal,
                     m->bw_ni,    m->bw_nc,      m->bw_q,      m->bw_k,
@@ -375,9 +403,66 @@ static void upload_batch(struct model *m, const int32_t *tokens, const int32_t *
         be->ops->upload(be, m->d_row_scale, row_scale, N * sizeof(float));
 }
 
+/* ---- layer inputs (offloaded ones in the ring, docs/design.md §6.1) ---- */
+
+static void *host_input(const struct model *m, int l)
+{
+    return (char *)m->host_inp + (size_t)l * (m->host_inp_bytes / (size_t)m->cfg.num_layers);
+}
+
+static size_t input_bytes(const struct model *m)
+{
+    return (size_t)m->N * (size_t)m->cfg.hidden_size * be_dtype_size(m->be->act_dtype);
+}
+
+/* Where the forward writes layer l's input (l < L, or L: the final stream). Offloaded: its ring
+ * buffer, once the save of the input it held has read it. */
+static void *input_to_write(struct model *m, int l)
+{
+    if (!m->host_inp || l == m->cfg.num_layers)
+        return m->layer_inp[l];
+    int r = l % BE_ACT_SLOTS;
+    m->be->ops->wait_activations(m->be, r);
+    m->ring_layer[r] = l;
+    return m->ring[r];
+}
+
+/* Layer l's input has been queued for writing (input_to_write): in training it goes to host memory
+ * for the backward. */
+static void input_written(struct model *m, int l, bool save)
+{
+    if (m->host_inp && save && l < m->cfg.num_layers)
+        m->be->ops->copy_activations_async(m->be, l % BE_ACT_SLOTS, true, m->ring[l % BE_ACT_SLOTS],
+                                           host_input(m, l), input_bytes(m));
+}
+
+/* Layer l's input for its forward (written just before) or its backward. Offloaded, in the
+ * backward: loaded back unless its ring buffer still holds it, and the input of layer l - 1 starts
+ * loading into the other buffer (after the compute queued so far, which has finished with it). */
+static const void *input_to_read(struct model *m, int l, bool backward)
+{
+    if (!m->host_inp)
+        return m->layer_inp[l];
+    int r = l % BE_ACT_SLOTS, other = (l + 1) % BE_ACT_SLOTS;
+    if (backward) {
+        if (m->ring_layer[r] != l) {
+            m->be->ops->copy_activations_async(m->be, r, false, m->ring[r], host_input(m, l), input_bytes(m));
+            m->ring_layer[r] = l;
+        }
+        m->be->ops->wait_activations(m->be, r);
+        if (l > 0 && m->ring_layer[other] != l - 1) {
+            m->be->ops->copy_activations_async(m->be, other, false, m->ring[other], host_input(m, l - 1),
+                                               input_bytes(m));
+            m->ring_layer[other] = l - 1;
+        }
+    }
+    return m->ring[r];
+}
+
 /* Embedding and every decoder layer; leaves the final residual stream in layer_inp[L]. The
- * embedding chunk stays acquired when tied (the LM head needs it). */
-static void forward_trunk(struct model *m, const struct model_io *io)
+ * embedding chunk stays acquired when tied (the LM head needs it). training: offloaded inputs are
+ * saved to host memory for the backward. */
+static void forward_trunk(struct model *m, const struct model_io *io, bool training)
 {
     struct backend *be = m->be;
     const struct model_config *cfg = &m->cfg;
@@ -385,7 +470,8 @@ static void forward_trunk(struct model *m, const struct model_io *io)
     const void *wemb = io->weights(io->ctx, 0, first_layer_chunk < hc ? first_layer_chunk : hc);
     struct tensor_ptrs p;
     tensor_ptrs(m, 0, wemb, NULL, -1, &p);
-    be->ops->embedding_fwd(be, m->layer_inp[0], m->d_tokens, p.w[TENSOR_EMBED], m->N, cfg->hidden_size);
+    be->ops->embedding_fwd(be, input_to_write(m, 0), m->d_tokens, p.w[TENSOR_EMBED], m->N, cfg->hidden_size);
+    input_written(m, 0, training);
     if (!cfg->tie_word_embeddings)
         io->release(io->ctx, 0);
     for (int c = first_layer_chunk; c < hc; c++) {
@@ -394,7 +480,9 @@ static void forward_trunk(struct model *m, const struct model_io *io)
         for (int l = ch->first_layer; l < ch->first_layer + ch->num_layers; l++) {
             tensor_ptrs(m, c, w, NULL, l, &p);
             struct layer_acts *a = m->keep_acts[l] ? &m->acts[l] : m->scratch;
-            layer_forward(m, &p, m->layer_inp[l], m->layer_inp[l + 1], a);
+            const void *inp = input_to_read(m, l, false);
+            layer_forward(m, &p, inp, input_to_write(m, l + 1), a);
+            input_written(m, l + 1, training);
         }
         io->release(io->ctx, c);
     }
@@ -510,7 +598,7 @@ int model_train_micro(struct model *m, const struct model_io *io, const int32_t 
     if (!embed_late && (first || !m->chunk_grads))
         zero_grads(m, io, m->grad_embed, (size_t)m->chunks[0].numel);
 
-    forward_trunk(m, io);
+    forward_trunk(m, io, true);
     m->next_grad_buf = 0;
     float *head_grad = chunk_grad(m, io, hc, first);
     head_pass(m, io, true, head_grad, NULL);
@@ -529,11 +617,12 @@ int model_train_micro(struct model *m, const struct model_io *io, const int32_t 
             struct tensor_ptrs p;
             tensor_ptrs(m, c, w, g, l, &p);
             struct layer_acts *a = &m->acts[l];
+            const void *inp = input_to_read(m, l, true);
             if (!m->keep_acts[l]) {
                 a = m->scratch;
-                layer_forward(m, &p, m->layer_inp[l], NULL, a);
+                layer_forward(m, &p, inp, NULL, a);
             }
-            layer_backward(m, &p, m->layer_inp[l], a, m->d_dres);
+            layer_backward(m, &p, inp, a, m->d_dres);
         }
         io->release(io->ctx, c);
         if (hand_out)
@@ -556,7 +645,7 @@ int model_eval(struct model *m, const struct model_io *io, const int32_t *tokens
                float *loss_rows, int32_t *correct, float *logits)
 {
     upload_batch(m, tokens, targets, NULL);
-    forward_trunk(m, io);
+    forward_trunk(m, io, false);
     head_pass(m, io, false, NULL, logits);
     io->release(io->ctx, head_chunk(m));
     fetch_loss(m, loss_rows, correct);

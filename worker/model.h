@@ -52,7 +52,16 @@ struct model {
     bool documents;       /* the current micro-batch's rows are runs of documents (model_set_positions) */
     float *d_row_scale, *d_loss_rows;
     float *d_cos, *d_sin;
-    void **layer_inp;     /* per layer + 1: the residual stream entering layer l; [L] = final */
+    void **layer_inp;     /* per layer + 1: the residual stream entering layer l; [L] = final. With
+                           * offloaded inputs only [L] is allocated (layer_input) */
+    /* Offloaded layer inputs (docs/design.md §6.1): layer l's input is on the device in ring[l % 2]
+     * while layer l runs, and in host memory (host_inp + l * N * C activations, registered) from its
+     * forward to its backward, which loads it back (the next one's load overlapping it). NULL
+     * host_inp: every input stays on the device. */
+    void *host_inp;
+    size_t host_inp_bytes;
+    void *ring[BE_ACT_SLOTS];
+    int ring_layer[BE_ACT_SLOTS]; /* whose input each ring buffer holds, -1: nobody's */
     struct layer_acts *acts;   /* per layer (kept) and one scratch set for recompute */
     struct layer_acts *scratch;
     void *d_final;        /* final norm output (N,C) */
@@ -77,10 +86,11 @@ struct model {
 };
 
 /* Sets up buffers for micro-batches of B sequences of T tokens. keep_acts: per-layer activation
- * policy (NULL = keep everything). logits_rows: rows per cross-entropy chunk (0 = choose). */
+ * policy (NULL = keep everything). logits_rows: rows per cross-entropy chunk (0 = choose).
+ * offload_inputs: the layer inputs wait for the backward in host memory (plan.offload_inputs). */
 int model_init(struct model *m, struct backend *be, const struct model_config *cfg, const struct tensor_desc *tensors,
                int num_tensors, const struct chunk_desc *chunks, int num_chunks, int B, int T,
-               const uint8_t *keep_acts, int logits_rows);
+               const uint8_t *keep_acts, int logits_rows, bool offload_inputs);
 void model_free(struct model *m);
 
 /* Document attention for the micro-batches that follow: positions (host, B*T) gives each token's

@@ -345,7 +345,7 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
             return sd_err_prefix("chunk buffer %d of %zu bytes", i, wbytes);
     }
     if (model_init(&w->model, &w->be, &h->model, ctl_tensors(h), h->num_tensors, ctl_chunks(h), h->num_chunks, w->mb,
-                   w->T, h->plan.keep_acts, h->plan.logits_rows) != 0)
+                   w->T, h->plan.keep_acts, h->plan.logits_rows, h->plan.offload_inputs) != 0)
         return -1;
     if (h->plan.accumulate_on_device && model_keep_grads_resident(&w->model) != 0)
         return -1;

@@ -64,7 +64,7 @@ static int finish_init(struct resident_model *rm, int B, int T)
         return -1;
     rm->io = (struct model_io){.ctx = rm, .weights = res_weights, .release = res_release, .grads_done = res_grads_done};
     return model_init(&rm->model, rm->be, &rm->cfg, rm->lay.tensors, rm->lay.num_tensors, rm->lay.chunks,
-                      rm->lay.num_chunks, B, T, NULL, 0);
+                      rm->lay.num_chunks, B, T, NULL, 0, false);
 }
 
 static int begin(struct resident_model *rm, struct backend *be, const struct model_config *cfg)

@@ -141,6 +141,20 @@ static void cpu_wait_grads_device(struct backend *be, int slot)
 {
 }
 
+/* The CPU backend's "device" memory is host memory: the copy is done when the call returns. */
+static void cpu_copy_activations_async(struct backend *be, int slot, bool save, void *dev, void *host, size_t bytes)
+{
+    SD_ASSERT(slot >= 0 && slot < BE_ACT_SLOTS);
+    if (save)
+        memcpy(host, dev, bytes);
+    else
+        memcpy(dev, host, bytes);
+}
+
+static void cpu_wait_activations(struct backend *be, int slot)
+{
+}
+
 static void cpu_wait_grads_host(struct backend *be, int slot)
 {
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
@@ -495,6 +509,8 @@ static const struct backend_ops cpu_ops = {
     .send_grads_bf16_async = cpu_send_grads_bf16_async,
     .wait_grads_host = cpu_wait_grads_host,
     .wait_grads_device = cpu_wait_grads_device,
+    .copy_activations_async = cpu_copy_activations_async,
+    .wait_activations = cpu_wait_activations,
     .copy_device = cpu_copy_device,
     .add_f32 = cpu_add_f32,
     .embedding_fwd = cpu_embedding_fwd,

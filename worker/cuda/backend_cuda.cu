@@ -238,6 +238,30 @@ static void cu_wait_grads_device(struct backend *be, int slot)
     CUDA_CHECK(cudaStreamWaitEvent(cx->compute, cx->d2h_done[slot], 0));
 }
 
+/* ---- layer inputs offloaded to host memory ---- */
+
+static void cu_copy_activations_async(struct backend *be, int slot, bool save, void *dev, void *host, size_t bytes)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    SD_ASSERT(slot >= 0 && slot < BE_ACT_SLOTS);
+    cudaStream_t st = save ? cx->d2h : cx->h2d;
+    /* a save reads what compute wrote; a load overwrites what compute may still read */
+    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(st, cx->compute_mark, 0));
+    if (save)
+        CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, st));
+    else
+        CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaEventRecord(cx->act_done[slot], st));
+}
+
+static void cu_wait_activations(struct backend *be, int slot)
+{
+    struct cuda_ctx *cx = cuda_ctx_of(be);
+    SD_ASSERT(slot >= 0 && slot < BE_ACT_SLOTS);
+    CUDA_CHECK(cudaStreamWaitEvent(cx->compute, cx->act_done[slot], 0));
+}
+
 /* ---- exchange between workers: CUDA IPC ---- */
 
 static void *cu_alloc_exported(struct backend *be, size_t bytes, void *handle)
@@ -304,6 +328,8 @@ static const struct backend_ops cuda_ops = {
     .send_grads_bf16_async = cu_send_grads_bf16_async,
     .wait_grads_host = cu_wait_grads_host,
     .wait_grads_device = cu_wait_grads_device,
+    .copy_activations_async = cu_copy_activations_async,
+    .wait_activations = cu_wait_activations,
     .alloc_exported = cu_alloc_exported,
     .open_peer = cu_open_peer,
     .copy_device = cu_copy_device,
@@ -352,6 +378,9 @@ static void ctx_destroy(struct cuda_ctx *cx)
         if (cx->d2h_done[i])
             cudaEventDestroy(cx->d2h_done[i]);
     }
+    for (int i = 0; i < BE_ACT_SLOTS; i++)
+        if (cx->act_done[i])
+            cudaEventDestroy(cx->act_done[i]);
     if (cx->compute_mark)
         cudaEventDestroy(cx->compute_mark);
     cudaStream_t streams[] = {cx->compute, cx->h2d, cx->d2h};
@@ -412,6 +441,8 @@ extern "C" int backend_cuda_init(struct backend *be, int device, size_t mem_budg
         INIT_TRY(cudaEventCreateWithFlags(&cx->h2d_done[i], cudaEventDisableTiming));
         INIT_TRY(cudaEventCreateWithFlags(&cx->d2h_done[i], cudaEventDisableTiming));
     }
+    for (int i = 0; i < BE_ACT_SLOTS; i++)
+        INIT_TRY(cudaEventCreateWithFlags(&cx->act_done[i], cudaEventDisableTiming));
     if (cublasLtCreate(&cx->lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&cx->cublas) != CUBLAS_STATUS_SUCCESS) {
         ctx_destroy(cx);
         return sd_err("cuda backend: cuBLAS handle creation failed");

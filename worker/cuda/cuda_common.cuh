@@ -63,6 +63,7 @@ struct cuda_ctx {
     cudaStream_t compute, h2d, d2h;
     cudaEvent_t compute_mark; /* compute's position, for a copy stream to wait on */
     cudaEvent_t h2d_done[BE_MAX_XFER_SLOTS], d2h_done[BE_MAX_XFER_SLOTS];
+    cudaEvent_t act_done[BE_ACT_SLOTS]; /* each activation buffer's last copy, either direction */
     cublasLtHandle_t lt;
     cublasHandle_t cublas;        /* fallback for shapes cuBLASLt has no kernel for */
     void *lt_ws;
