@@ -372,8 +372,8 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
         if (struct cudnn_sdpa *p = cudnn_sdpa_docs_plan(1, entries, longest, B * T, Hq, Hkv, D)) {
             void *scratch = cuda_scratch(be, cudnn_sdpa_scratch_bytes(p));
             cuda_lse_layout(st, cudnn_sdpa_docs_stats(p, scratch), lse, B, T, Hq, true);
-            cudnn_sdpa_docs_bwd(p, st, scratch, &docs, dq, dk, dv, dout, q, k, v, out);
-            return;
+            if (cudnn_sdpa_docs_bwd(p, st, scratch, &docs, dq, dk, dv, dout, q, k, v, out))
+                return;
         }
     }
 #endif

@@ -662,7 +662,10 @@ float *cudnn_sdpa_docs_stats(const struct cudnn_sdpa *p, void *scratch)
     return (float *)((char *)scratch + layout(p).stats);
 }
 
-static void execute(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, int n, const int64_t *uids, void **ptrs)
+/* Queues the plan. A window plan that cuDNN refuses here aborts (ops have no error path); a
+ * document plan is marked unusable instead and false returned, so that its caller takes the
+ * built-in kernels (cuDNN checks the pack before it launches anything). */
+static bool execute(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, int n, const int64_t *uids, void **ptrs)
 {
     struct graph g = {0};
     cudnnBackendDescriptor_t pack = make(&g, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -673,11 +676,16 @@ static void execute(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, int 
     check(&g, dnn.set_stream(dnn.handle, st), "set stream");
     check(&g, dnn.execute(dnn.handle, p->plan, pack), "execute");
     graph_free(&g);
-    if (g.failed) {
-        fprintf(stderr, "cuda attention: cuDNN %s%s: %s\n", p->tokens ? "document " : "", p->bwd ? "backward" : "forward",
-                g.why);
+    if (!g.failed)
+        return true;
+    fprintf(stderr, "cuda attention: cuDNN %s%s: %s%s\n", p->tokens ? "document " : "", p->bwd ? "backward" : "forward",
+            g.why, p->tokens ? "; using the built-in kernels" : "");
+    if (!p->tokens)
         abort();
-    }
+    pthread_mutex_lock(&plans_mu);
+    p->usable = false;
+    pthread_mutex_unlock(&plans_mu);
+    return false;
 }
 
 /* The ids and pointers every call passes, then a document plan's tables. */
@@ -703,7 +711,7 @@ static void io_add_docs(struct io *io, const struct cudnn_docs *docs)
     io_add(io, U_OFF_STATS, docs->off_stats);
 }
 
-static void fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs, void *out,
+static bool fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs, void *out,
                 float *lse, const void *q, const void *k, const void *v)
 {
     /* cudnn-frontend masks with -inf from cuDNN 9.10 on; the window graphs keep -FLT_MAX */
@@ -718,10 +726,10 @@ static void fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const stru
     io_add(&io, U_NEG, &neg);
     if (docs)
         io_add_docs(&io, docs);
-    execute(p, st, scratch, io.n, io.uids, io.ptrs);
+    return execute(p, st, scratch, io.n, io.uids, io.ptrs);
 }
 
-static void bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs, void *dq,
+static bool bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs, void *dq,
                 void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *out,
                 const float *lse)
 {
@@ -755,7 +763,7 @@ static void bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const stru
             io_add(&io, U_DV_FULL, at + l.dv_full);
         }
     }
-    execute(p, st, scratch, io.n, io.uids, io.ptrs);
+    return execute(p, st, scratch, io.n, io.uids, io.ptrs);
 }
 
 void cudnn_sdpa_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, void *out, float *lse, const void *q,
@@ -770,15 +778,15 @@ void cudnn_sdpa_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, void *
     bwd(p, st, scratch, NULL, dq, dk, dv, dout, q, k, v, out, lse);
 }
 
-void cudnn_sdpa_docs_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
+bool cudnn_sdpa_docs_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
                          void *out, const void *q, const void *k, const void *v)
 {
-    fwd(p, st, scratch, docs, out, cudnn_sdpa_docs_stats(p, scratch), q, k, v);
+    return fwd(p, st, scratch, docs, out, cudnn_sdpa_docs_stats(p, scratch), q, k, v);
 }
 
-void cudnn_sdpa_docs_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
+bool cudnn_sdpa_docs_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
                          void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v,
                          const void *out)
 {
-    bwd(p, st, scratch, docs, dq, dk, dv, dout, q, k, v, out, cudnn_sdpa_docs_stats(p, scratch));
+    return bwd(p, st, scratch, docs, dq, dk, dv, dout, q, k, v, out, cudnn_sdpa_docs_stats(p, scratch));
 }

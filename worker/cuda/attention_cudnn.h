@@ -13,6 +13,7 @@
 #ifndef SD_ATTENTION_CUDNN_H
 #define SD_ATTENTION_CUDNN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,9 +53,11 @@ struct cudnn_sdpa *cudnn_sdpa_docs_plan(int bwd, int entries, int longest, int t
 /* Where the token-major lse lives in a document plan's scratch: the forward leaves it there, the
  * backward reads it there. */
 float *cudnn_sdpa_docs_stats(const struct cudnn_sdpa *p, void *scratch);
-void cudnn_sdpa_docs_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
+/* false: cuDNN refused the call (said on stderr); the plan is then unusable and the caller runs the
+ * built-in kernels */
+bool cudnn_sdpa_docs_fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
                          void *out, const void *q, const void *k, const void *v);
-void cudnn_sdpa_docs_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
+bool cudnn_sdpa_docs_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const struct cudnn_docs *docs,
                          void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v,
                          const void *out);
 

@@ -346,9 +346,10 @@ void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q
     } else if (cuda_docs_for(be, pos, B, T, Hq, Hkv, D, &docs, &entries, &longest)) {
         if (struct cudnn_sdpa *p = cudnn_sdpa_docs_plan(0, entries, longest, B * T, Hq, Hkv, D)) {
             void *scratch = cuda_scratch(be, cudnn_sdpa_scratch_bytes(p));
-            cudnn_sdpa_docs_fwd(p, st, scratch, &docs, out, q, k, v);
-            cuda_lse_layout(st, lse, cudnn_sdpa_docs_stats(p, scratch), B, T, Hq, false);
-            return;
+            if (cudnn_sdpa_docs_fwd(p, st, scratch, &docs, out, q, k, v)) {
+                cuda_lse_layout(st, lse, cudnn_sdpa_docs_stats(p, scratch), B, T, Hq, false);
+                return;
+            }
         }
     }
 #endif
