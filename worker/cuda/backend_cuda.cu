@@ -82,8 +82,10 @@ static void *cu_alloc(struct backend *be, size_t bytes)
 static void cu_free(struct backend *be, void *p)
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
-    if (p && p == cx->docs.pos) /* the document table described these positions */
-        cx->docs.pos = NULL;
+    for (size_t i = 0; p && cx->docs.pos && i < cx->nallocs; i++) /* the document table described positions in it */
+        if (cx->allocs[i].p == p && (const char *)cx->docs.pos >= (const char *)p &&
+            (const char *)cx->docs.pos < (const char *)p + cx->allocs[i].bytes)
+            cx->docs.pos = NULL;
     budget_free(cx, p);
 }
 
@@ -101,7 +103,8 @@ static void cu_synchronize(struct backend *be)
 static void cu_upload(struct backend *be, void *dst, const void *src_host, size_t bytes)
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
-    if (dst == cx->docs.pos) /* positions overwritten without upload_positions: the table is stale */
+    /* positions overwritten without upload_positions: the table is stale */
+    if ((const char *)cx->docs.pos >= (const char *)dst && (const char *)cx->docs.pos < (const char *)dst + bytes)
         cx->docs.pos = NULL;
     CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, cx->compute));
     CUDA_CHECK(cudaStreamSynchronize(cx->compute));
