@@ -443,7 +443,7 @@ static const void *input_to_read(struct model *m, int l, bool backward)
 {
     if (!m->host_inp)
         return m->layer_inp[l];
-    int r = l % BE_ACT_SLOTS, other = (l + 1) % BE_ACT_SLOTS;
+    int r = l % BE_ACT_SLOTS, other = (l + BE_ACT_SLOTS - 1) % BE_ACT_SLOTS; /* layer l - 1's */
     if (backward) {
         if (m->ring_layer[r] != l) {
             m->be->ops->copy_activations_async(m->be, r, false, m->ring[r], host_input(m, l), input_bytes(m));
