@@ -31,7 +31,7 @@ struct search {
     int64_t budget;    /* device bytes per rank; INT64_MAX: bounded by host memory only */
     int64_t host_avail;
     bool enforce_host;
-    bool offload;      /* price the what-if of offloaded layer inputs */
+    bool offload;      /* plans with their layer inputs offloaded to host memory */
     bool fit_only;     /* only whether a plan fits: no step priced, the first that fits ends it */
     /* the best feasible candidate */
     bool found;

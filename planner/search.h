@@ -68,7 +68,7 @@ struct plan_info {
     bool gpu_auto;          /* runtime.gpu_mem = auto */
     int64_t gpu_budget;     /* per rank; on the CPU backend with auto, what the host has left now */
     int evaluated;          /* candidate plans priced */
-    bool failed;            /* no plan fits: only min_gpu_bytes, host and the what-ifs are set */
+    bool failed;            /* no plan fits: only min_gpu_bytes and host are set */
     int64_t min_gpu_bytes;  /* the smallest device memory any plan needs */
     int num_routes;         /* route combinations searched, in the order tried */
     struct plan_route_option routes[PLAN_MAX_ROUTES];
