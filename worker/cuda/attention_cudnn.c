@@ -352,24 +352,13 @@ static cudnnBackendDescriptor_t padding(struct graph *g, cudnnBackendDescriptor_
     return out;
 }
 
-/* Strides of lse and the row sums: (B,H,T) for windows; token-major (tokens, H) for documents,
- * as cuDNN lays packed (ragged) statistics. */
-static const int64_t *stats_strides(bool docs, int64_t H, int64_t T)
-{
-    static _Thread_local int64_t st[4];
-    if (docs)
-        memcpy(st, DIMS(T * H, 1, H, 1), sizeof st);
-    else
-        memcpy(st, DIMS(H * T, T, 1, 1), sizeof st);
-    return st;
-}
-
 /* With documents, B is the table's entries and T the longest document's length bucket. */
 static void build_fwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D, bool docs)
 {
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
     const int64_t *sd = DIMS(B, H, T, T), *ss = DIMS(H * T * T, T * T, T, 1);
     const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1);
+    const int64_t *st = docs ? DIMS(T * H, 1, H, 1) : rs; /* lse: token-major with documents (packed) */
     struct docs_io io = {0};
     if (docs)
         docs_io_make(g, B, &io);
@@ -379,7 +368,7 @@ static void build_fwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     cudnnBackendDescriptor_t v =
         ragged_tensor(g, U_V, BF, DIMS(B, HK, T, D), DIMS(T * HK * D, D, HK * D, 1), 0, io.off_kv);
     cudnnBackendDescriptor_t o = ragged_tensor(g, U_O, BF, DIMS(B, H, T, D), DIMS(T * H * D, D, H * D, 1), 0, io.off_q);
-    cudnnBackendDescriptor_t lse = ragged_tensor(g, U_LSE, F, rd, stats_strides(docs, H, T), 0, io.off_stats);
+    cudnnBackendDescriptor_t lse = ragged_tensor(g, U_LSE, F, rd, st, 0, io.off_stats);
     cudnnBackendDescriptor_t scale = tensor(g, U_SCALE, F, SCALAR, SCALAR, BY_VALUE);
     cudnnBackendDescriptor_t neg = tensor(g, U_NEG, F, SCALAR, SCALAR, BY_VALUE);
 
@@ -428,7 +417,8 @@ static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
 {
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
     const int64_t *sd = DIMS(B, H, T, T), *ss = DIMS(H * T * T, T * T, T, 1);
-    const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1), *st = stats_strides(docs, H, T);
+    const int64_t *rd = DIMS(B, H, T, 1), *rs = DIMS(H * T, T, 1, 1);
+    const int64_t *st = docs ? DIMS(T * H, 1, H, 1) : rs; /* lse and the row sums, as the forward's lse */
     const int64_t *qd = DIMS(B, H, T, D), *qs = DIMS(T * H * D, D, H * D, 1);
     const int64_t *kd = DIMS(B, HK, T, D), *ks = DIMS(T * HK * D, D, HK * D, 1);
     const int64_t *ktd = DIMS(B, HK, D, T), *kts = DIMS(T * HK * D, D, 1, HK * D);
@@ -702,6 +692,19 @@ static void io_add(struct io *io, int64_t uid, const void *ptr)
     io->ptrs[io->n++] = (void *)ptr;
 }
 
+/* What the forward and the backward both pass: q, k, v, out, lse and the scalars. */
+static void io_add_common(struct io *io, const void *q, const void *k, const void *v, const void *out,
+                          const float *lse, const float *scale, const float *neg)
+{
+    io_add(io, U_Q, q);
+    io_add(io, U_K, k);
+    io_add(io, U_V, v);
+    io_add(io, U_O, out);
+    io_add(io, U_LSE, lse);
+    io_add(io, U_SCALE, scale);
+    io_add(io, U_NEG, neg);
+}
+
 static void io_add_docs(struct io *io, const struct cudnn_docs *docs)
 {
     io_add(io, U_SEQ_Q, docs->seq);
@@ -717,13 +720,7 @@ static bool fwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const stru
     /* cudnn-frontend masks with -inf from cuDNN 9.10 on; the window graphs keep -FLT_MAX */
     float scale = 1.0f / sqrtf((float)p->D), neg = docs ? -INFINITY : -FLT_MAX;
     struct io io = {0};
-    io_add(&io, U_Q, q);
-    io_add(&io, U_K, k);
-    io_add(&io, U_V, v);
-    io_add(&io, U_O, out);
-    io_add(&io, U_LSE, lse);
-    io_add(&io, U_SCALE, &scale);
-    io_add(&io, U_NEG, &neg);
+    io_add_common(&io, q, k, v, out, lse, &scale, &neg);
     if (docs)
         io_add_docs(&io, docs);
     return execute(p, st, scratch, io.n, io.uids, io.ptrs);
@@ -742,18 +739,12 @@ static bool bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const stru
     }
     float scale = 1.0f / sqrtf((float)p->D), one = 1.0f, neg = docs ? -INFINITY : -FLT_MAX;
     struct io io = {0};
-    io_add(&io, U_Q, q);
-    io_add(&io, U_K, k);
-    io_add(&io, U_V, v);
-    io_add(&io, U_O, out);
+    io_add_common(&io, q, k, v, out, lse, &scale, &neg);
     io_add(&io, U_DO, dout);
-    io_add(&io, U_LSE, lse);
     io_add(&io, U_DQ, dq);
     io_add(&io, U_DK, dk);
     io_add(&io, U_DV, dv);
-    io_add(&io, U_SCALE, &scale);
     io_add(&io, U_ONE, &one);
-    io_add(&io, U_NEG, &neg);
     io_add(&io, U_ROWSUM, at + l.rowsum);
     io_add(&io, U_DQ_ACC, at + l.dq_acc);
     if (docs) {
