@@ -823,32 +823,23 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     struct plan tmpl;
     search_start(job, cfg, cal, host_cpus, hosts, &base, &tmpl);
 
+    /* the layer inputs on the device, then (a GPU, when no plan fits so) offloaded to host memory;
+     * [runtime] activations = offload starts there. Offloaded, the smallest plan is smaller too, so
+     * a failure names that one. */
     struct source_search per[2];
     int sources[2], nsrc = source_candidates(job, hosts, sources);
-    for (int i = 0; i < nsrc; i++) {
-        tmpl.weights_source = sources[i];
-        if (search_source(&base, &tmpl, &routes, &per[i]) != 0)
-            return -1;
+    bool found = false;
+    for (int offload = !cpu && job->act_policy == ACT_OFFLOAD; !found && offload <= !cpu; offload++) {
+        base.offload = offload;
+        for (int i = 0; i < nsrc; i++) {
+            tmpl.weights_source = sources[i];
+            if (search_source(&base, &tmpl, &routes, &per[i]) != 0)
+                return -1;
+            found |= per[i].S.found;
+        }
     }
     char source_reason[256];
     int pick = choose_source(per, nsrc, job, hosts, source_reason, sizeof source_reason);
-    bool found = false;
-    for (int i = 0; i < nsrc; i++)
-        found |= per[i].S.found;
-    /* [runtime] activations = offload, or no plan fits with every layer input on the device: offload
-     * them to host memory */
-    if (!cpu && (job->act_policy == ACT_OFFLOAD || !found)) {
-        struct search off = base;
-        off.offload = true;
-        /* fitting or not, these replace the others: offloaded, the smallest plan is smaller too
-         * (the failure names it) */
-        for (int i = 0; i < nsrc; i++) {
-            tmpl.weights_source = sources[i];
-            if (search_source(&off, &tmpl, &routes, &per[i]) != 0)
-                return -1;
-        }
-        pick = choose_source(per, nsrc, job, hosts, source_reason, sizeof source_reason);
-    }
     struct search S = per[pick].S;
     struct plan_route_option *options = per[pick].options;
     bool host_fits = per[pick].host_fits;
