@@ -161,14 +161,13 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     m->d_cos = f32_alloc(m, (size_t)T * half, &fail);
     m->d_sin = f32_alloc(m, (size_t)T * half, &fail);
     if (offload_inputs) {
-        size_t per_layer = N * C * be_dtype_size(be->act_dtype);
-        m->host_inp_bytes = per_layer * (size_t)L;
-        if (posix_memalign(&m->host_inp, 4096, m->host_inp_bytes) != 0) {
+        size_t per_layer = N * C * be_dtype_size(be->act_dtype), bytes = per_layer * (size_t)L;
+        if (posix_memalign(&m->host_inp, 4096, bytes) != 0) {
             m->host_inp = NULL;
             model_free(m);
             return sd_err("out of host memory for %d offloaded layer inputs of %zu bytes", L, per_layer);
         }
-        if (be->ops->register_host(be, m->host_inp, m->host_inp_bytes, false) != 0) {
+        if (be->ops->register_host(be, m->host_inp, bytes, false) != 0) {
             free(m->host_inp);
             m->host_inp = NULL;
             model_free(m);
@@ -405,14 +404,14 @@ static void upload_batch(struct model *m, const int32_t *tokens, const int32_t *
 
 /* ---- layer inputs (offloaded ones in the ring, docs/design.md §6.1) ---- */
 
-static void *host_input(const struct model *m, int l)
-{
-    return (char *)m->host_inp + (size_t)l * (m->host_inp_bytes / (size_t)m->cfg.num_layers);
-}
-
 static size_t input_bytes(const struct model *m)
 {
     return (size_t)m->N * (size_t)m->cfg.hidden_size * be_dtype_size(m->be->act_dtype);
+}
+
+static void *host_input(const struct model *m, int l)
+{
+    return (char *)m->host_inp + (size_t)l * input_bytes(m);
 }
 
 /* Where the forward writes layer l's input (l < L, or L: the final stream). Offloaded: its ring

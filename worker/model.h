@@ -59,7 +59,6 @@ struct model {
      * forward to its backward, which loads it back (the next one's load overlapping it). NULL
      * host_inp: every input stays on the device. */
     void *host_inp;
-    size_t host_inp_bytes;
     void *ring[BE_ACT_SLOTS];
     int ring_layer[BE_ACT_SLOTS]; /* whose input each ring buffer holds, -1: nobody's */
     struct layer_acts *acts;   /* per layer (kept) and one scratch set for recompute */
