@@ -42,12 +42,22 @@ static void *budget_alloc(struct cuda_ctx *cx, size_t bytes, const char *what)
     return p;
 }
 
+/* The document table (attention_fwd.cu) goes stale when the memory of its positions is freed or
+ * overwritten without upload_positions. */
+static void docs_forget_in(struct cuda_ctx *cx, const void *p, size_t bytes)
+{
+    const char *pos = (const char *)cx->docs.pos;
+    if (pos >= (const char *)p && pos < (const char *)p + bytes)
+        cx->docs.pos = NULL;
+}
+
 static void budget_free(struct cuda_ctx *cx, void *p)
 {
     if (!p)
         return;
     for (size_t i = cx->nallocs; i-- > 0;)
         if (cx->allocs[i].p == p) {
+            docs_forget_in(cx, p, cx->allocs[i].bytes);
             cx->used -= cx->allocs[i].bytes;
             cx->allocs[i] = cx->allocs[--cx->nallocs];
             CUDA_CHECK(cudaFree(p));
@@ -81,12 +91,7 @@ static void *cu_alloc(struct backend *be, size_t bytes)
 
 static void cu_free(struct backend *be, void *p)
 {
-    struct cuda_ctx *cx = cuda_ctx_of(be);
-    for (size_t i = 0; p && cx->docs.pos && i < cx->nallocs; i++) /* the document table described positions in it */
-        if (cx->allocs[i].p == p && (const char *)cx->docs.pos >= (const char *)p &&
-            (const char *)cx->docs.pos < (const char *)p + cx->allocs[i].bytes)
-            cx->docs.pos = NULL;
-    budget_free(cx, p);
+    budget_free(cuda_ctx_of(be), p);
 }
 
 static void cu_memset0(struct backend *be, void *p, size_t bytes)
@@ -103,9 +108,7 @@ static void cu_synchronize(struct backend *be)
 static void cu_upload(struct backend *be, void *dst, const void *src_host, size_t bytes)
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
-    /* positions overwritten without upload_positions: the table is stale */
-    if ((const char *)cx->docs.pos >= (const char *)dst && (const char *)cx->docs.pos < (const char *)dst + bytes)
-        cx->docs.pos = NULL;
+    docs_forget_in(cx, dst, bytes);
     CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, cx->compute));
     CUDA_CHECK(cudaStreamSynchronize(cx->compute));
 }
