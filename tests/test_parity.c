@@ -96,6 +96,18 @@ static double json_num(cJSON *arr, int i)
     return x->valuedouble;
 }
 
+/* The B sequences of micro-step a of step 1 (of A, one rank) in the job's data order: tokens and
+ * targets (B*T each); seq holds T + 1 tokens. */
+static void load_micro_step(struct data_set *data, int a, int A, int B, int T, int32_t *tokens, int32_t *targets,
+                            int32_t *seq)
+{
+    for (int i = 0; i < B; i++) {
+        assert_int_equal(data_sequence(data, data_seq_index(1, a, 0, i, A, 1, B), seq, NULL), 0);
+        memcpy(tokens + (size_t)i * T, seq, (size_t)T * 4);
+        memcpy(targets + (size_t)i * T, seq + 1, (size_t)T * 4);
+    }
+}
+
 /* Forward logits and loss of step 1 micro-step 0, and the gradient of the whole step-1 batch. */
 static void check_forward_and_grads(const char *name)
 {
@@ -116,11 +128,7 @@ static void check_forward_and_grads(const char *name)
     float *loss = malloc(N * 4), *scale = malloc(N * 4), *logits = malloc(N * (size_t)V * 4);
 
     for (int a = 0; a < A; a++) {
-        for (int i = 0; i < B; i++) {
-            assert_int_equal(data_sequence(&data, data_seq_index(1, a, 0, i, A, 1, B), seq, NULL), 0);
-            memcpy(tokens + (size_t)i * T, seq, (size_t)T * 4);
-            memcpy(targets + (size_t)i * T, seq + 1, (size_t)T * 4);
-        }
+        load_micro_step(&data, a, A, B, T, tokens, targets, seq);
         if (a == 0) {
             model_eval(&rm.model, &rm.io, tokens, targets, loss, NULL, logits);
             float *ref = ref_tensor(&f.ref, "logits", N * (size_t)V);
@@ -203,11 +211,7 @@ static void check_recompute_offload(const char *name)
     int32_t *tokens = malloc(2 * N * 4), *targets = malloc(2 * N * 4), *seq = malloc(((size_t)T + 1) * 4);
     float *loss[3], *grads[3], *scale = malloc(N * 4), *eval_loss = malloc(N * 4);
     for (int a = 0; a < 2; a++)
-        for (int i = 0; i < B; i++) {
-            assert_int_equal(data_sequence(&data, data_seq_index(1, a, 0, i, 2, 1, B), seq, NULL), 0);
-            memcpy(tokens + (a * N + (size_t)i * T), seq, (size_t)T * 4);
-            memcpy(targets + (a * N + (size_t)i * T), seq + 1, (size_t)T * 4);
-        }
+        load_micro_step(&data, a, 2, B, T, tokens + a * N, targets + a * N, seq);
     for (size_t i = 0; i < N; i++)
         scale[i] = (float)(1.0 / (2.0 * (double)N));
     static const uint8_t keeps[3][5] = {{1, 1, 1, 1, 1}, {0, 0, 0, 0, 0}, {0, 1, 0, 1, 0}};
