@@ -2,8 +2,9 @@
  * on the backend's compute stream: warm-up, then the median of repeats, at the shapes of docs/performance.md §1
  * (D=128, 16 query heads, 8 kv heads; B=2 T=4096 and B=1 T=32768). TFLOP/s use the standard causal
  * count: forward 4*B*Hq*T*T*D/2, backward 2.5x forward. Then document attention (issue 30) against
- * dense causal attention at B=2 T=4096 for several document-length mixes. Not a test; built when
- * CUDA is. */
+ * dense causal attention at B=2 T=4096 for several document-length mixes. `bench_attention
+ * backward`: the backward's deterministic, built-in and fused kernels at 4K, 32K and 128K. Not a
+ * test; built when CUDA is. */
 #include "worker/cuda/cuda_common.cuh"
 
 #include <algorithm>
@@ -119,6 +120,60 @@ static int run(struct backend *be, shape s)
     return bad != 0;
 }
 
+/* The attention backward three ways at one shape (issue 31): deterministic as the engine runs it
+ * (cuDNN's deterministic engine over attn_tiles.h's calls, where cuDNN loads), the built-in
+ * deterministic kernels alone, and cuDNN's fused non-deterministic backward; milliseconds and
+ * TFLOP/s (2.5 forwards), and whether two deterministic runs give the same bits. */
+static int run_backward(struct backend *be, shape s, int reps)
+{
+    const struct backend_ops *o = be->ops;
+    struct bufs bb;
+    if (bufs_alloc(be, s, &bb) != 0)
+        return 1;
+    cudaStream_t st = cuda_ctx_of(be)->compute;
+    size_t nk = (size_t)s.B * s.T * s.Hkv * s.D, sizes[3] = {bb.nq * 2, nk * 2, nk * 2};
+    void *grads[3] = {bb.dq, bb.dk, bb.dv};
+    o->attention_fwd(be, bb.out, bb.lse, bb.q, bb.k, bb.v, NULL, s.B, s.T, s.Hq, s.Hkv, s.D);
+    auto engine = [&] {
+        o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T, s.Hq,
+                         s.Hkv, s.D);
+    };
+    auto snapshot = [&](std::vector<char> &h) {
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        h.resize(sizes[0] + sizes[1] + sizes[2]);
+        for (int i = 0, at = 0; i < 3; at += (int)sizes[i], i++)
+            CUDA_CHECK(cudaMemcpy(h.data() + at, grads[i], sizes[i], cudaMemcpyDeviceToHost));
+    };
+    bool was = be->deterministic;
+    be->deterministic = true;
+    float t_det = time_ms(st, 1, reps, engine);
+    std::vector<char> first, again;
+    snapshot(first);
+    engine();
+    snapshot(again);
+    bool same = first == again;
+    float t_builtin = time_ms(st, 1, reps, [&] {
+        cuda_attention_bwd_builtin(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T,
+                                   s.Hq, s.Hkv, s.D);
+    });
+    be->deterministic = false;
+    float t_fused = time_ms(st, 1, reps, engine);
+    be->deterministic = was;
+    double flops = 2.5 * 4.0 * s.B * s.Hq * (double)s.T * s.T * s.D / 2.0;
+    auto tf = [&](float ms) { return flops / ms * 1e-9; };
+    printf("attention backward B=%d T=%d Hq=%d Hkv=%d D=%d: deterministic %.3f ms %.1f TFLOP/s (%.2fx cuDNN's "
+           "fused), built-in kernels %.3f ms %.1f TFLOP/s, cuDNN fused (not deterministic) %.3f ms %.1f TFLOP/s; "
+           "deterministic repeat %s\n",
+           s.B, s.T, s.Hq, s.Hkv, s.D, t_det, tf(t_det), t_fused / t_det, t_builtin, tf(t_builtin), t_fused,
+           tf(t_fused), same ? "bit-identical" : "DIFFERS");
+    printf("RESULT attn_bwd_det_T%d %.1f\nRESULT attn_bwd_builtin_T%d %.1f\nRESULT attn_bwd_fused_T%d %.1f\n", s.T,
+           tf(t_det), s.T, tf(t_builtin), s.T, tf(t_fused));
+    void *bufs[] = {bb.q, bb.k, bb.v, bb.out, bb.dout, bb.dq, bb.dk, bb.dv, bb.lse};
+    for (void *p : bufs)
+        o->free(be, p);
+    return !same;
+}
+
 /* Document positions (B,T) of documents drawn from mix, laid greedily into rows (a document that
  * does not fit the rest of a row starts the next; the rest is padding that continues the row's last
  * document). Returns the (query, key) pairs document attention visits, per head. */
@@ -210,7 +265,7 @@ static int run_documents(struct backend *be, shape s, const char *mix)
     return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     struct backend be;
     if (backend_cuda_init(&be, 0, 0) != 0) {
@@ -218,6 +273,12 @@ int main(void)
         return 1;
     }
     printf("device %s\n", be.device_name);
+    if (argc > 1 && !strcmp(argv[1], "backward")) { /* issue 31's table: 4K, 32K, 128K */
+        int rc = run_backward(&be, {2, 4096, 16, 8, 128}, 10) | run_backward(&be, {1, 32768, 16, 8, 128}, 3) |
+                 run_backward(&be, {1, 131072, 16, 8, 128}, 1);
+        backend_cuda_free(&be);
+        return rc;
+    }
     int rc = run(&be, {2, 4096, 16, 8, 128}) | run(&be, {1, 32768, 16, 8, 128});
     /* document attention at Qwen3-1.7B's shape: real-length documents (lognormal600), short ones,
      * half windows and one document per window (the dense case: no slower) */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/attn_tiles.h"
 #include "common/err.h"
 #include "shm/ctl.h"
 #include "worker/backend.h"
@@ -264,6 +265,14 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
      * heads the full-head dK and dV (sized in fp32) */
     if (!cpu && job->attention == ATTENTION_DOCUMENT && !job->deterministic)
         attn_scratch += 2 * N * cfg->num_heads * 4 + (cfg->num_kv_heads != cfg->num_heads ? 2 * N * q * 4 : 0);
+    /* deterministic, windows take cuDNN's deterministic engine in calls of at most
+     * ATTN_TILE_WORKSPACE_DEFAULT of dP, with the calls' lse, row sums and, in chunks, the fp32 sums
+     * (common/attn_tiles.h; a bound that grows with T, for the longest-sequence search) */
+    if (!cpu && job->deterministic) {
+        int64_t tiles = (int64_t)attn_tiling_scratch_bound(job->micro_batch, job->seq_len, cfg->num_heads,
+                                                           cfg->num_kv_heads, (int)D, ATTN_TILE_WORKSPACE_DEFAULT);
+        attn_scratch = tiles > attn_scratch ? tiles : attn_scratch;
+    }
     int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;
     out->workspace = cpu ? (D + 2 * T * D) * 8 : ((int64_t)64 << 20) + al(op_scratch, a);
     if (!cpu && plan_streams_master(mc->plan)) /* the streamed master's fp32 staging */

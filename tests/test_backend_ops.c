@@ -733,10 +733,18 @@ static void test_cuda_vs_cpu(void **state)
     assert_int_equal(backend_cpu_init(&cpu), 0);
     printf("# cuda device: %s\n", cuda.device_name);
     assert_int_equal(run_table(&cuda, &cpu, CUDA_TOL, true), 0);
-    /* deterministic: the attention backward takes the built-in kernels after either forward */
+    /* deterministic: the attention backward of windows takes cuDNN's deterministic engine (else the
+     * built-in kernels), documents the built-in kernels */
     printf("# cuda, deterministic\n");
     cuda.deterministic = true;
     assert_int_equal(run_table(&cuda, &cpu, CUDA_TOL, true), 0);
+    /* the same with its calls cut small (common/attn_tiles.h): at most 1 MiB of dP a call takes
+     * some batch entries or heads, 64 KiB chunks of 64 rows whose partial outputs are summed */
+    for (size_t limit = (size_t)1 << 20; limit >= (64 << 10); limit >>= 4) {
+        printf("# cuda, deterministic, attention backward calls of at most %zu KiB of dP\n", limit >> 10);
+        backend_cuda_set_attention_tile_limit(&cuda, limit);
+        assert_int_equal(run_table(&cuda, &cpu, CUDA_TOL, true), 0);
+    }
     backend_cpu_free(&cpu);
     backend_cuda_free(&cuda);
 #else

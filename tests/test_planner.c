@@ -750,14 +750,14 @@ static void test_issue31_deterministic_rows(void **state)
         bool det;
         double lo, hi, pinned; /* measured s (a range where the issue gives one), predicted s */
     } runs[] = {
-        {"64k, 8 x 4096 x 2", 8, 4096, 2, true, 2.156, 2.156, 1.9558},
+        {"64k, 8 x 4096 x 2", 8, 4096, 2, true, 2.156, 2.156, 1.9643},
         {"64k, 8 x 4096 x 2, not deterministic", 8, 4096, 2, false, 1.913, 1.913, 1.7823},
         {"64k, 2 x 4096 x 8", 2, 4096, 8, true, 2.265, 2.265, 2.1264},
         {"8k, 2 x 4096", 2, 4096, 1, true, 0.690, 0.690, 0.7341},
         {"8k, 2 x 4096, not deterministic", 2, 4096, 1, false, 0.690, 0.690, 0.7132},
-        {"one 32K sequence", 1, 32768, 1, true, 2.417, 2.417, 2.5011},
+        {"one 32K sequence", 1, 32768, 1, true, 2.417, 2.417, 2.4978},
         {"one 32K sequence, not deterministic", 1, 32768, 1, false, 1.64, 1.82, 1.7395},
-        {"one 131K sequence", 1, 131072, 1, true, 32.69, 32.69, 32.9080},
+        {"one 131K sequence", 1, 131072, 1, true, 32.69, 32.69, 32.8388},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         struct job_config job = job_of(DEVICE_CUDA, 1, runs[i].mb, runs[i].T, runs[i].accum);
@@ -1295,8 +1295,9 @@ static void test_weights_source(void **state)
  * less per GPU while the gradient copies are in flight, issue 32, which makes the first case's
  * 2 layers x 6 buffers 0.03% faster than its 3 x 5 of before; the second case's step since the
  * deterministic attention backward has a rate of its own, issue 31; the GPU bytes since the
- * SwiGLU backward writes its gradients over gate and up, two (N, I) buffers fewer), host_state
- * ignored. */
+ * SwiGLU backward writes its gradients over gate and up, two (N, I) buffers fewer, and the CUDA
+ * cases' since the deterministic attention backward's cuDNN calls take up to 1 GiB of dP scratch,
+ * common/attn_tiles.h), host_state ignored. */
 static void test_hosts_one_as_before(void **state)
 {
     struct model_config cfg = medium();
@@ -1308,9 +1309,9 @@ static void test_hosts_one_as_before(void **state)
         int64_t host_bytes, gpu_bytes;
     } cases[] = {
         {DEVICE_CUDA, 1, 4, 1, 1.0, 2, 6, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.114c9b22671fp-3, 0x1.83dddp+32,
-         0x1.6d0dp+28, 0x1.6d0dp+29, 3446104064, 3306070016},
+         0x1.6d0dp+28, 0x1.6d0dp+29, 3446104064, 3406995968},
         {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.2101a53e7e81ap-3, 0x1.563a5p+32,
-         0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3851771904},
+         0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3902235136},
         {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21ef44a20e47cp+7, 0x1.22e4c4p+34,
          0x1.6d0bp+28, 0x1.11c84p+31, 10099942400, 2320278016},
     };

@@ -197,6 +197,9 @@ void backend_cpu_free(struct backend *be);
 /* device: CUDA ordinal; mem_budget: bytes the arena may take (0 = all free memory). */
 int backend_cuda_init(struct backend *be, int device, size_t mem_budget);
 void backend_cuda_free(struct backend *be);
+/* The bound on the dP workspace of the deterministic attention backward's cuDNN calls (default
+ * ATTN_TILE_WORKSPACE_DEFAULT, common/attn_tiles.h); tests set it small to cut calls into tiles. */
+void backend_cuda_set_attention_tile_limit(struct backend *be, size_t bytes);
 #endif
 
 #endif

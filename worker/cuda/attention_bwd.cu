@@ -355,14 +355,17 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
     SD_ASSERT(cuda_aligned16(dq) && cuda_aligned16(dk) && cuda_aligned16(dv) && cuda_aligned16(dout) &&
               cuda_aligned16(q) && cuda_aligned16(k) && cuda_aligned16(v) && cuda_aligned16(out));
 #ifdef SD_HAVE_CUDNN
-    /* cuDNN's backward sums dQ with atomics in whatever order its CTAs finish: not deterministic.
-     * Documents: cuDNN over upload_positions' table, else the built-in kernels (both skip the tiles
-     * outside documents). */
+    /* cuDNN's fused backward sums dQ with atomics in whatever order its CTAs finish: not
+     * deterministic. Deterministic, whole windows take cuDNN's deterministic engine over tiles
+     * (attention_det.cu) and documents the built-in kernels, whose dQ sums run in a fixed order.
+     * Documents otherwise: cuDNN over upload_positions' table, else the built-in kernels (both skip
+     * the tiles outside documents). */
     cudaStream_t st = cuda_ctx_of(be)->compute;
     struct cudnn_docs docs;
     int entries, longest;
     if (be->deterministic) {
-        /* the built-in kernels, whose dQ sums run in a fixed order */
+        if (!pos && cuda_attention_bwd_tiles(be, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D))
+            return;
     } else if (!pos) {
         if (struct cudnn_sdpa *p = cudnn_sdpa_plan(1, B, T, Hq, Hkv, D)) {
             cudnn_sdpa_bwd(p, st, cuda_scratch(be, cudnn_sdpa_scratch_bytes(p)), dq, dk, dv, dout, q, k, v, out, lse);
@@ -377,6 +380,13 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
         }
     }
 #endif
+    cuda_attention_bwd_builtin(be, dq, dk, dv, dout, q, k, v, out, lse, pos, B, T, Hq, Hkv, D);
+}
+
+void cuda_attention_bwd_builtin(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                                const void *k, const void *v, const void *out, const float *lse, const int32_t *pos,
+                                int B, int T, int Hq, int Hkv, int D)
+{
     bf16 *a = (bf16 *)dq, *bk = (bf16 *)dk, *bv = (bf16 *)dv;
     const bf16 *go = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v,
                *oo = (const bf16 *)out;

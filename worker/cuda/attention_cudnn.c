@@ -295,6 +295,9 @@ enum {
 struct cudnn_sdpa {
     int bwd, B, T, Hq, Hkv, D;
     int tokens; /* document plans: the tokens of the (tokens, heads, dim) tensors; 0 for windows */
+    bool is_tile;           /* a tile of the deterministic backward */
+    struct cudnn_tile tile; /* its shape */
+    bool out_f32;           /* its partial outputs are fp32 (else bf16) */
     bool usable;
     cudnnBackendDescriptor_t plan;
     int64_t workspace;
@@ -391,26 +394,59 @@ static void build_fwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     matmul_bounded(g, p, v, o, io.seq_q, NULL, io.seq_kv);
 }
 
-/* out = x^T y for scores x of dims sd (B, H, T, T) and y of dims qd (B, H, T, D); with grouped KV
- * heads (grouped) the product is summed over each group into out's (B, HK, T, D). Virtual tensors
- * take the ids uid and uid + 1. With documents the full-head product is a real tensor (id
- * full_uid, token-major, at out's offsets times the group size, as cuDNN scales them). */
+/* out = x^T y for scores x of dims sd (B, H, Tq, Tk) and y (B, H, Tq, D); with grouped KV heads
+ * (grouped) the product, of dims fd (B, H, Tk, D), is summed over each group into out's
+ * (B, HK, Tk, D). Virtual tensors take the ids uid and uid + 1. With documents the full-head
+ * product is a real tensor (id full_uid, token-major, at out's offsets times the group size, as
+ * cuDNN scales them). */
 static void grouped_transposed_matmul(struct graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
                                       cudnnBackendDescriptor_t out, int64_t uid, bool grouped, const int64_t *sd,
-                                      const int64_t *qd, const struct docs_io *io, int64_t full_uid)
+                                      const int64_t *fd, const struct docs_io *io, int64_t full_uid)
 {
-    const int64_t H = sd[1], T = sd[2], D = qd[3];
-    cudnnBackendDescriptor_t xt = tensor(g, uid, CUDNN_DATA_BFLOAT16, sd, DIMS(H * T * T, T * T, 1, T), VIRTUAL);
+    const int64_t H = sd[1], Tq = sd[2], Tk = sd[3], D = fd[3];
+    cudnnBackendDescriptor_t xt =
+        tensor(g, uid, CUDNN_DATA_BFLOAT16, DIMS(sd[0], H, Tk, Tq), DIMS(H * Tq * Tk, Tq * Tk, 1, Tk), VIRTUAL);
     reshape(g, x, xt);
     if (!grouped) {
         matmul_bounded(g, xt, y, out, io->seq_kv, NULL, io->seq_q);
         return;
     }
     cudnnBackendDescriptor_t full =
-        io->off_kv ? ragged_tensor(g, full_uid, CUDNN_DATA_BFLOAT16, qd, DIMS(T * H * D, D, H * D, 1), 0, io->off_kv)
-                   : tensor(g, uid + 1, CUDNN_DATA_BFLOAT16, qd, DIMS(H * T * D, T * D, D, 1), VIRTUAL);
+        io->off_kv ? ragged_tensor(g, full_uid, CUDNN_DATA_BFLOAT16, fd, DIMS(Tk * H * D, D, H * D, 1), 0, io->off_kv)
+                   : tensor(g, uid + 1, CUDNN_DATA_BFLOAT16, fd, DIMS(H * Tk * D, Tk * D, D, 1), VIRTUAL);
     matmul_bounded(g, xt, y, full, io->seq_kv, NULL, io->seq_q);
     reduce(g, CUDNN_REDUCE_TENSOR_ADD, full, out);
+}
+
+/* rowsum = sum over the head dim of dO * O, dims rd (B, H, T, 1), strides rs (virtual ids 201, 202) */
+static void dout_dot_out(struct graph *g, cudnnBackendDescriptor_t dout, cudnnBackendDescriptor_t o,
+                         cudnnBackendDescriptor_t one, cudnnBackendDescriptor_t rowsum, const int64_t *rd,
+                         const int64_t *rs, int64_t D)
+{
+    const int64_t B = rd[0], H = rd[1], T = rd[2];
+    cudnnBackendDescriptor_t doo =
+        tensor(g, 201, CUDNN_DATA_FLOAT, DIMS(B, H, T, D), DIMS(H * T * D, T * D, H * D, 1), VIRTUAL);
+    cudnnBackendDescriptor_t dsum = tensor(g, 202, CUDNN_DATA_FLOAT, rd, rs, VIRTUAL);
+    pw(g, CUDNN_POINTWISE_MUL, dout, o, doo);
+    reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, dsum);
+    pw(g, CUDNN_POINTWISE_MUL, dsum, one, rowsum);
+}
+
+/* dS = P * (dO V^T - rowsum) * scale, of dims sd and strides ss (virtual ids 213-216; with
+ * documents the product bounded by each entry's lengths) */
+static cudnnBackendDescriptor_t score_grad(struct graph *g, cudnnBackendDescriptor_t dout, cudnnBackendDescriptor_t vt,
+                                           cudnnBackendDescriptor_t rowsum, cudnnBackendDescriptor_t p,
+                                           cudnnBackendDescriptor_t scale, const int64_t *sd, const int64_t *ss,
+                                           const struct docs_io *io)
+{
+    const cudnnDataType_t F = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t dp = tensor(g, 213, F, sd, ss, VIRTUAL), dp_d = tensor(g, 214, F, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t dp_p = tensor(g, 215, F, sd, ss, VIRTUAL), ds = tensor(g, 216, F, sd, ss, VIRTUAL);
+    matmul_bounded(g, dout, vt, dp, io->seq_q, io->seq_kv, NULL);
+    pw(g, CUDNN_POINTWISE_SUB, dp, rowsum, dp_d);
+    pw(g, CUDNN_POINTWISE_MUL, dp_d, p, dp_p);
+    pw(g, CUDNN_POINTWISE_MUL, dp_p, scale, ds);
+    return ds;
 }
 
 static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t HK, int64_t D, bool docs)
@@ -442,11 +478,7 @@ static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     cudnnBackendDescriptor_t dq_acc = ragged_tensor(g, U_DQ_ACC, F, qd, fs, 0, io.off_q);
 
     /* D = rowsum(dO * O) into the row-sum scratch */
-    cudnnBackendDescriptor_t doo = tensor(g, 201, F, qd, DIMS(H * T * D, T * D, H * D, 1), VIRTUAL);
-    cudnnBackendDescriptor_t dsum = tensor(g, 202, F, rd, rs, VIRTUAL);
-    pw(g, CUDNN_POINTWISE_MUL, dout, o, doo);
-    reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, dsum);
-    pw(g, CUDNN_POINTWISE_MUL, dsum, one, rowsum);
+    dout_dot_out(g, dout, o, one, rowsum, rd, rs, D);
 
     /* P = exp(S * scale - lse), within documents, causal */
     cudnnBackendDescriptor_t s = tensor(g, 203, F, sd, ss, VIRTUAL), s_scaled = tensor(g, 204, F, sd, ss, VIRTUAL);
@@ -464,12 +496,7 @@ static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     grouped_transposed_matmul(g, p, dout, dv, 211, H != HK, sd, qd, &io, U_DV_FULL);
 
     /* dS = P * (dO V^T - D) * scale */
-    cudnnBackendDescriptor_t dp = tensor(g, 213, F, sd, ss, VIRTUAL), dp_d = tensor(g, 214, F, sd, ss, VIRTUAL);
-    cudnnBackendDescriptor_t dp_p = tensor(g, 215, F, sd, ss, VIRTUAL), ds = tensor(g, 216, F, sd, ss, VIRTUAL);
-    matmul_bounded(g, dout, vt, dp, io.seq_q, io.seq_kv, NULL);
-    pw(g, CUDNN_POINTWISE_SUB, dp, rowsum, dp_d);
-    pw(g, CUDNN_POINTWISE_MUL, dp_d, p, dp_p);
-    pw(g, CUDNN_POINTWISE_MUL, dp_p, scale, ds);
+    cudnnBackendDescriptor_t ds = score_grad(g, dout, vt, rowsum, p, scale, sd, ss, &io);
 
     /* dK = dS^T Q, summed over the group */
     grouped_transposed_matmul(g, ds, q, dk, 217, H != HK, sd, qd, &io, U_DK_FULL);
@@ -479,6 +506,65 @@ static void build_bwd(struct graph *g, int64_t B, int64_t T, int64_t H, int64_t 
     reshape(g, kt, k);
     matmul_bounded(g, ds, k, dq_acc, io.seq_q, NULL, io.seq_kv);
     pw(g, CUDNN_POINTWISE_IDENTITY, dq_acc, NULL, dq);
+}
+
+/* A tile of the deterministic backward (attn_tiles.h): the graph cudnn-frontend builds for its
+ * deterministic algorithm on Hopper, dQ = dS K straight into dQ (cuDNN then keeps dP in its
+ * workspace and sums dQ by a matmul, without atomics). q, k, v, out, dout (and dq, dk, dv unless
+ * partial) are slices of the full (B, T, H, D) tensors; lse and the row sums are compact (B, H, Tq);
+ * partial outputs are compact (B, Tq or Tk, H, D) of out_type. A diagonal tile is causal, the
+ * others take every pair. */
+static void build_bwd_tile(struct graph *g, const struct cudnn_tile *t, cudnnDataType_t out_type)
+{
+    const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+    const int64_t B = t->nb, Tq = t->tq, Tk = t->tk, H = t->hq, HK = t->hkv, D = t->D;
+    const int64_t qrow = (int64_t)t->Hq * D, krow = (int64_t)t->Hkv * D; /* the full tensors' row strides */
+    const int64_t qseq = t->T * qrow, kseq = t->T * krow;
+    const int64_t *sd = DIMS(B, H, Tq, Tk), *ss = DIMS(H * Tq * Tk, Tq * Tk, Tk, 1);
+    const int64_t *rd = DIMS(B, H, Tq, 1), *rs = DIMS(H * Tq, Tq, 1, 1);
+    const int64_t *qd = DIMS(B, H, Tq, D), *qs = DIMS(qseq, D, qrow, 1);
+    const int64_t *kd = DIMS(B, HK, Tk, D), *ks = DIMS(kseq, D, krow, 1);
+    const int64_t *ktd = DIMS(B, HK, D, Tk), *kts = DIMS(kseq, D, 1, krow);
+    const int64_t *dqs = t->partial ? DIMS(Tq * H * D, D, H * D, 1) : qs;
+    const int64_t *dks = t->partial ? DIMS(Tk * HK * D, D, HK * D, 1) : ks;
+    const struct docs_io none = {0};
+    cudnnBackendDescriptor_t q = tensor(g, U_Q, BF, qd, qs, 0);
+    cudnnBackendDescriptor_t kt = tensor(g, U_K, BF, ktd, kts, 0);
+    cudnnBackendDescriptor_t vt = tensor(g, U_V, BF, ktd, kts, 0);
+    cudnnBackendDescriptor_t o = tensor(g, U_O, BF, qd, qs, 0);
+    cudnnBackendDescriptor_t dout = tensor(g, U_DO, BF, qd, qs, 0);
+    cudnnBackendDescriptor_t lse = tensor(g, U_LSE, F, rd, rs, 0);
+    cudnnBackendDescriptor_t dq = tensor(g, U_DQ, out_type, qd, dqs, 0);
+    cudnnBackendDescriptor_t dk = tensor(g, U_DK, out_type, kd, dks, 0);
+    cudnnBackendDescriptor_t dv = tensor(g, U_DV, out_type, kd, dks, 0);
+    cudnnBackendDescriptor_t scale = tensor(g, U_SCALE, F, SCALAR, SCALAR, BY_VALUE);
+    cudnnBackendDescriptor_t one = tensor(g, U_ONE, F, SCALAR, SCALAR, BY_VALUE);
+    cudnnBackendDescriptor_t rowsum = tensor(g, U_ROWSUM, F, rd, rs, 0);
+
+    /* D = rowsum(dO * O) */
+    dout_dot_out(g, dout, o, one, rowsum, rd, rs, D);
+
+    /* P = exp(S * scale - lse), causal on the diagonal */
+    cudnnBackendDescriptor_t s = tensor(g, 203, F, sd, ss, VIRTUAL), s_scaled = tensor(g, 204, F, sd, ss, VIRTUAL);
+    cudnnBackendDescriptor_t s_shift = tensor(g, 205, F, sd, ss, VIRTUAL);
+    matmul_bounded(g, q, kt, s, NULL, NULL, NULL);
+    pw(g, CUDNN_POINTWISE_MUL, s, scale, s_scaled);
+    pw(g, CUDNN_POINTWISE_SUB, s_scaled, lse, s_shift);
+    if (t->causal)
+        s_shift = causal(g, s_shift, 206, sd, ss, tensor(g, U_NEG, F, SCALAR, SCALAR, BY_VALUE));
+    cudnnBackendDescriptor_t p = tensor(g, 210, F, sd, ss, VIRTUAL);
+    pw(g, CUDNN_POINTWISE_EXP, s_shift, NULL, p);
+
+    /* dV = P^T dO and dK = dS^T Q, summed over each KV head's group */
+    const int64_t *fd = DIMS(B, H, Tk, D);
+    grouped_transposed_matmul(g, p, dout, dv, 211, H != HK, sd, fd, &none, 0);
+    cudnnBackendDescriptor_t ds = score_grad(g, dout, vt, rowsum, p, scale, sd, ss, &none);
+    grouped_transposed_matmul(g, ds, q, dk, 217, H != HK, sd, fd, &none, 0);
+
+    /* dQ = dS K, straight into dQ */
+    cudnnBackendDescriptor_t k = tensor(g, 219, F, kd, ks, VIRTUAL);
+    reshape(g, kt, k);
+    matmul_bounded(g, ds, k, dq, NULL, NULL, NULL);
 }
 
 /* The operation graph, then the first engine config of the heuristics (mode A, else fallback)
@@ -537,10 +623,12 @@ static void make_plan(struct cudnn_sdpa *p)
 
 /* ---- plans per shape ---- */
 
-#define MAX_PLANS 64
+#define MAX_PLANS 256
 static struct cudnn_sdpa plans[MAX_PLANS];
 static int nplans;
 static pthread_mutex_t plans_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void plan_settle(struct cudnn_sdpa *p);
 
 static struct cudnn_sdpa *find_or_build(int bwd, int B, int T, int Hq, int Hkv, int D, int tokens)
 {
@@ -563,19 +651,72 @@ static struct cudnn_sdpa *find_or_build(int bwd, int B, int T, int Hq, int Hkv, 
         else
             build_fwd(&p->g, B, T, Hq, Hkv, D, tokens > 0);
         make_plan(p);
-        p->usable = !p->g.failed;
-        static bool said;
-        if (p->usable && !said && getenv("SLIDEDP_VERBOSE_ATTENTION")) {
-            fprintf(stderr, "cuda attention: cuDNN %zu fused flash attention\n", dnn.version());
-            said = true;
-        }
-        if (!p->usable) {
-            fprintf(stderr, "cuda attention: cuDNN %zu has no %s%s plan for B=%d T=%d heads %d/%d dim %d (%s); using "
-                            "the built-in kernel\n",
-                    dnn.version(), tokens ? "document " : "", bwd ? "backward" : "forward", B, T, Hq, Hkv, D,
-                    p->g.why);
+        plan_settle(p);
+    }
+    pthread_mutex_unlock(&plans_mu);
+    return p && p->usable ? p : NULL;
+}
+
+/* After make_plan: usable or not, said on stderr (the first usable one only when asked). */
+static void plan_settle(struct cudnn_sdpa *p)
+{
+    p->usable = !p->g.failed;
+    static bool said;
+    if (p->usable && !said && getenv("SLIDEDP_VERBOSE_ATTENTION")) {
+        fprintf(stderr, "cuda attention: cuDNN %zu fused flash attention\n", dnn.version());
+        said = true;
+    }
+    if (p->usable && p->is_tile && getenv("SLIDEDP_VERBOSE_ATTENTION"))
+        fprintf(stderr, "cuda attention: deterministic tile %dx%d rows, %d batch, heads %d/%d%s: workspace %lld MiB, %s "
+                        "outputs\n",
+                p->tile.tq, p->tile.tk, p->tile.nb, p->tile.hq, p->tile.hkv, p->tile.causal ? " causal" : "",
+                (long long)(p->workspace >> 20), p->out_f32 ? "fp32" : "bf16");
+    if (p->usable)
+        return;
+    if (p->is_tile)
+        fprintf(stderr, "cuda attention: cuDNN %zu has no deterministic backward plan for %dx%d rows, %d batch, heads "
+                        "%d/%d, dim %d (%s); using the built-in kernels\n",
+                dnn.version(), p->tile.tq, p->tile.tk, p->tile.nb, p->tile.hq, p->tile.hkv, p->D, p->g.why);
+    else
+        fprintf(stderr, "cuda attention: cuDNN %zu has no %s%s plan for B=%d T=%d heads %d/%d dim %d (%s); using "
+                        "the built-in kernel\n",
+                dnn.version(), p->tokens ? "document " : "", p->bwd ? "backward" : "forward", p->B, p->T, p->Hq,
+                p->Hkv, p->D, p->g.why);
+    graph_free(&p->g);
+}
+
+static bool tile_equal(const struct cudnn_tile *a, const struct cudnn_tile *b)
+{
+    return a->nb == b->nb && a->tq == b->tq && a->tk == b->tk && a->hq == b->hq && a->hkv == b->hkv &&
+           a->T == b->T && a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D && a->causal == b->causal &&
+           a->partial == b->partial;
+}
+
+struct cudnn_sdpa *cudnn_sdpa_tile_plan(const struct cudnn_tile *t)
+{
+    pthread_once(&dnn_once, dnn_load);
+    if (!dnn_ready || t->D % 8 != 0 || t->D > 128 || t->hkv <= 0 || t->hq % t->hkv != 0)
+        return NULL;
+    pthread_mutex_lock(&plans_mu);
+    struct cudnn_sdpa *p = NULL;
+    for (int i = 0; i < nplans && !p; i++)
+        if (plans[i].is_tile && tile_equal(&plans[i].tile, t))
+            p = &plans[i];
+    if (!p && nplans < MAX_PLANS) {
+        p = &plans[nplans++];
+        *p = (struct cudnn_sdpa){.bwd = 1, .B = t->nb, .T = t->tq, .Hq = t->hq, .Hkv = t->hkv, .D = t->D,
+                                 .is_tile = true, .tile = *t};
+        /* partial outputs in fp32 where cuDNN takes them, else bf16 */
+        for (int f32 = t->partial; f32 >= 0; f32--) {
+            p->g = (struct graph){0};
+            build_bwd_tile(&p->g, t, f32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16);
+            make_plan(p);
+            p->out_f32 = f32;
+            if (!p->g.failed || f32 == 0)
+                break;
             graph_free(&p->g);
         }
+        plan_settle(p);
     }
     pthread_mutex_unlock(&plans_mu);
     return p && p->usable ? p : NULL;
@@ -668,9 +809,11 @@ static bool execute(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, int 
     graph_free(&g);
     if (!g.failed)
         return true;
-    fprintf(stderr, "cuda attention: cuDNN %s%s: %s%s\n", p->tokens ? "document " : "", p->bwd ? "backward" : "forward",
-            g.why, p->tokens ? "; using the built-in kernels" : "");
-    if (!p->tokens)
+    bool soft = p->tokens || p->is_tile;
+    fprintf(stderr, "cuda attention: cuDNN %s%s: %s%s\n",
+            p->is_tile ? "deterministic " : p->tokens ? "document " : "", p->bwd ? "backward" : "forward", g.why,
+            soft ? "; using the built-in kernels" : "");
+    if (!soft)
         abort();
     pthread_mutex_lock(&plans_mu);
     p->usable = false;
@@ -780,4 +923,37 @@ bool cudnn_sdpa_docs_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, c
                          const void *out)
 {
     return bwd(p, st, scratch, docs, dq, dk, dv, dout, q, k, v, out, cudnn_sdpa_docs_stats(p, scratch));
+}
+
+size_t cudnn_sdpa_workspace_bytes(const struct cudnn_sdpa *p)
+{
+    return (size_t)p->workspace;
+}
+
+bool cudnn_sdpa_tile_f32(const struct cudnn_sdpa *p)
+{
+    return p->out_f32;
+}
+
+bool cudnn_sdpa_tile_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, float *rowsum, void *dq, void *dk,
+                         void *dv, const void *dout, const void *q, const void *k, const void *v, const void *out,
+                         const float *lse)
+{
+    float scale = 1.0f / sqrtf((float)p->D), one = 1.0f, neg = -FLT_MAX;
+    struct io io = {0};
+    io_add(&io, U_Q, q);
+    io_add(&io, U_K, k);
+    io_add(&io, U_V, v);
+    io_add(&io, U_O, out);
+    io_add(&io, U_LSE, lse);
+    io_add(&io, U_SCALE, &scale);
+    if (p->tile.causal) /* the mask's fill: the other tiles have no mask */
+        io_add(&io, U_NEG, &neg);
+    io_add(&io, U_DO, dout);
+    io_add(&io, U_DQ, dq);
+    io_add(&io, U_DK, dk);
+    io_add(&io, U_DV, dv);
+    io_add(&io, U_ONE, &one);
+    io_add(&io, U_ROWSUM, rowsum);
+    return execute(p, st, workspace, io.n, io.uids, io.ptrs);
 }

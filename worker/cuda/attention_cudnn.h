@@ -61,6 +61,26 @@ bool cudnn_sdpa_docs_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, c
                          void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v,
                          const void *out);
 
+/* The deterministic backward (runtime.deterministic): one tile of attn_tiles.h's calls, as
+ * cudnn-frontend builds its deterministic algorithm on Hopper (cuDNN keeps dP in its workspace and
+ * makes dQ by a matmul, no atomics). nb batch entries, hq query heads over hkv KV heads, tq query
+ * rows against tk key rows, read from (and, unless partial, written to) tensors of T rows per
+ * sequence and Hq/Hkv heads; lse and the row sums compact (nb, hq, tq). A causal tile is a diagonal
+ * one (query i sees keys up to i); the others take every pair. Partial outputs are compact
+ * (nb, tq or tk, heads, D), fp32 where cuDNN builds it (cudnn_sdpa_tile_f32), else bf16. */
+struct cudnn_tile {
+    int nb, tq, tk, hq, hkv;
+    int T, Hq, Hkv, D;
+    bool causal, partial;
+};
+struct cudnn_sdpa *cudnn_sdpa_tile_plan(const struct cudnn_tile *t);
+size_t cudnn_sdpa_workspace_bytes(const struct cudnn_sdpa *p);
+bool cudnn_sdpa_tile_f32(const struct cudnn_sdpa *p);
+/* false: cuDNN refused the call (said on stderr; the plan is then unusable) */
+bool cudnn_sdpa_tile_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *workspace, float *rowsum, void *dq, void *dk,
+                         void *dv, const void *dout, const void *q, const void *k, const void *v, const void *out,
+                         const float *lse);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,8 @@
  * worker/cuda/. Used by slidedp-worker with --device cuda, by the op-parity test and the benches. */
 #include "cuda_common.cuh"
 
+#include "common/attn_tiles.h"
+
 #include <string.h>
 
 #define STAGE_FLOATS ((size_t)4 << 20) /* 16 MiB of fp32 staging for conversions */
@@ -67,7 +69,7 @@ static void budget_free(struct cuda_ctx *cx, void *p)
     abort();
 }
 
-void *cuda_scratch(struct backend *be, size_t bytes)
+void *cuda_scratch_try(struct backend *be, size_t bytes)
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
     if (bytes <= cx->scratch_bytes)
@@ -76,12 +78,19 @@ void *cuda_scratch(struct backend *be, size_t bytes)
     budget_free(cx, cx->scratch);
     cx->scratch_bytes = 0;
     cx->scratch = budget_alloc(cx, bytes, "op scratch");
-    if (!cx->scratch) {
+    if (cx->scratch)
+        cx->scratch_bytes = bytes;
+    return cx->scratch;
+}
+
+void *cuda_scratch(struct backend *be, size_t bytes)
+{
+    void *p = cuda_scratch_try(be, bytes);
+    if (!p) {
         fprintf(stderr, "%s\n", sd_errmsg());
         abort();
     }
-    cx->scratch_bytes = bytes;
-    return cx->scratch;
+    return p;
 }
 
 static void *cu_alloc(struct backend *be, size_t bytes)
@@ -475,7 +484,13 @@ extern "C" int backend_cuda_init(struct backend *be, int device, size_t mem_budg
     snprintf(be->device_name, sizeof be->device_name, "%.63s", prop.name);
     be->peak_flops = peak_bf16(&prop, clock_khz);
     be->deterministic = false;
+    cx->attn_tile_limit = ATTN_TILE_WORKSPACE_DEFAULT;
     return 0;
+}
+
+extern "C" void backend_cuda_set_attention_tile_limit(struct backend *be, size_t bytes)
+{
+    cuda_ctx_of(be)->attn_tile_limit = bytes;
 }
 
 extern "C" void backend_cuda_free(struct backend *be)

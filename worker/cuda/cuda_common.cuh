@@ -77,6 +77,7 @@ struct cuda_ctx {
     float *weight_stage;          /* fp32 staging for fetch_weights_f32_async on the h2d stream (on first use) */
     void *scratch;                /* per-op device scratch (partials, attention row terms) */
     size_t scratch_bytes;
+    size_t attn_tile_limit;       /* the deterministic attention backward's dP bound (attn_tiles.h) */
     struct cuda_docs docs;
 };
 
@@ -88,6 +89,8 @@ static inline struct cuda_ctx *cuda_ctx_of(struct backend *be)
 /* Device scratch of at least `bytes` for the op being queued (grown on demand, counted against the
  * budget; aborts when it cannot grow, since ops have no error path). */
 void *cuda_scratch(struct backend *be, size_t bytes);
+/* The same, NULL when the budget has no room (the previous scratch is then gone). */
+void *cuda_scratch_try(struct backend *be, size_t bytes);
 
 static inline bool cuda_aligned16(const void *p)
 {
@@ -186,3 +189,13 @@ void cuda_attention_fwd(struct backend *be, void *out, float *lse, const void *q
 void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
                         const void *k, const void *v, const void *out, const float *lse, const int32_t *pos, int B,
                         int T, int Hq, int Hkv, int D);
+/* The built-in backward kernels alone (deterministic; what cuda_attention_bwd falls back to). */
+void cuda_attention_bwd_builtin(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                                const void *k, const void *v, const void *out, const float *lse, const int32_t *pos,
+                                int B, int T, int Hq, int Hkv, int D);
+/* attention_det.cu: the deterministic backward of whole windows by cuDNN's deterministic engine, cut
+ * into calls by attn_tiles.h; false (nothing to undo: the caller's kernels write every output) where
+ * cuDNN has no plan for a call or the scratch does not fit. */
+bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                              const void *k, const void *v, const void *out, const float *lse, int B, int T, int Hq,
+                              int Hkv, int D);
