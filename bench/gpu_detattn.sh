@@ -14,3 +14,8 @@ SLIDEDP_VERBOSE_ATTENTION=1 timeout 330 "$build/bench/bench_attention" backward 
 log "bench_attention backward exit $?"
 grep -E '^attention backward|has no|deterministic tile|cuDNN' "$out/bench_backward.log" | sort | uniq -c |
     tee -a "$out/summary.log"
+# then, with what time is left, the kernels of docs/performance.md §1 and §11 (dense and document
+# attention in both modes; deterministic dense now takes the deterministic engine)
+timeout ${REST_S:-150} "$build/bench/bench_attention" > "$out/bench_attention.log" 2>&1
+log "bench_attention exit $?"
+grep -E '^attention ' "$out/bench_attention.log" | tee -a "$out/summary.log"
