@@ -4,7 +4,7 @@
 # and its plan against hand-written alternatives at one of them. Prints one table; logs in $OUT;
 # results in docs/performance.md §4. Needs .gpudeps/ as bench/gpu_build.sh's header says. With
 # NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already. ISSUE31=1 runs issue 31's
-# rows instead (docs/performance.md §10).
+# rows instead (docs/performance.md §10), ISSUE31_MODES="true" only the deterministic ones.
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/planner
 rm -rf "$w" && mkdir -p "$w"
@@ -39,7 +39,7 @@ PY
 if [ -n "${ISSUE31:-}" ]; then
     # issue 31's rows instead (docs/performance.md §10): auto plans, deterministic (the default) and
     # not; the 131K steps take 20-35 s each, so they run 3 steps (the median is the third)
-    for det in true false; do
+    for det in ${ISSUE31_MODES:-true false}; do
         d=runtime.deterministic=$det
         run "64k_8x2_$det" train.micro_batch=8 train.grad_accum=2 train.steps=5 $d
         run "64k_2x8_$det" train.grad_accum=8 train.steps=5 $d
