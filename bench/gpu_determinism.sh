@@ -8,7 +8,8 @@
 # table; logs in $OUT. Needs .gpudeps/ as gpu_build.sh's header says (pass it in carry). With
 # NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already; ONLY="name ..." runs
 # just those runs (det_a nondet_a nondet_b det_b det_kill_worker det_kill_optim); DEADLINE caps the
-# call's seconds (560). Each exporting run writes about 34 GB (removed after it).
+# call's seconds (560); EXTRA="overrides" changes the job (issue 31's deterministic 64k run:
+# EXTRA="train.micro_batch=8 train.grad_accum=2"). Each exporting run writes about 34 GB (removed after it).
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/determinism
 rm -rf "$w" && mkdir -p "$w"
@@ -16,7 +17,7 @@ shm_at_least 60 100G
 log "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); cuDNN from ${cudnn_lib:-the loader path}"
 random_tokens "$w/train.bin" 2000000
 bench_job "$w"
-job_args+=(train.steps=8)
+job_args+=(train.steps=8 ${EXTRA:-})
 deadline=${DEADLINE:-560}
 : > "$out/determinism.results"
 
