@@ -1,6 +1,8 @@
 /* The deterministic attention backward's cuDNN calls (see attn_tiles.h). */
 #include "common/attn_tiles.h"
 
+#include <limits.h>
+
 static size_t pad_rows(int n)
 {
     return ((size_t)n + ATTN_TILE_ROWS - 1) / ATTN_TILE_ROWS * ATTN_TILE_ROWS;
@@ -25,6 +27,17 @@ static int divisor_at_most(int n, size_t cap)
     return 1;
 }
 
+/* The longest multiple of ATTN_TILE_ROWS, below cap, whose square tile of G query heads keeps dP
+ * within limit (ATTN_TILE_ROWS if none). */
+static int longest_chunk(int G, size_t limit, int cap)
+{
+    int longest = ATTN_TILE_ROWS;
+    while (longest + ATTN_TILE_ROWS < cap &&
+           attn_tile_dp_bytes(1, G, longest + ATTN_TILE_ROWS, longest + ATTN_TILE_ROWS) <= limit)
+        longest += ATTN_TILE_ROWS;
+    return longest;
+}
+
 void attn_tiling_choose(int B, int T, int Hq, int Hkv, size_t limit, struct attn_tiling *t)
 {
     *t = (struct attn_tiling){.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .nb = 1, .ng = Hkv, .chunk = T, .nchunks = 1};
@@ -38,19 +51,15 @@ void attn_tiling_choose(int B, int T, int Hq, int Hkv, size_t limit, struct attn
         t->ng = divisor_at_most(Hkv, limit / group);
         return;
     }
-    /* the longest chunk whose square tile of one KV head's query heads fits, then equal chunks */
-    int longest = ATTN_TILE_ROWS;
-    while (longest + ATTN_TILE_ROWS < T &&
-           attn_tile_dp_bytes(1, G, longest + ATTN_TILE_ROWS, longest + ATTN_TILE_ROWS) <= limit)
-        longest += ATTN_TILE_ROWS;
+    /* one KV head a call (its sums over the sequence are then the smallest), in equal chunks no
+     * longer than the longest that fits */
+    int longest = longest_chunk(G, limit, T);
     int n = (T + longest - 1) / longest;
-    if (n == 1) { /* a sequence shorter than one tile that does not fit: one KV head at a time */
-        t->ng = 1;
+    t->ng = 1;
+    if (n == 1) /* a sequence shorter than one tile that does not fit */
         return;
-    }
     t->chunk = (int)pad_rows((T + n - 1) / n);
     t->nchunks = (T + t->chunk - 1) / t->chunk;
-    t->ng = divisor_at_most(Hkv, limit / attn_tile_dp_bytes(1, G, t->chunk, t->chunk));
 }
 
 size_t attn_tiling_dp_bytes(const struct attn_tiling *t)
@@ -92,8 +101,13 @@ size_t attn_tiling_scratch_bound(int B, int T, int Hq, int Hkv, int D, size_t li
 {
     size_t dp = attn_tile_dp_bytes(B, Hq, T, T), rows = align256((size_t)B * Hq * T * sizeof(float));
     size_t total = (dp < limit ? dp : limit) + ((size_t)1 << 20) + 256 + 256 + 2 * rows;
-    if (dp > limit) /* it may be chunked: partial outputs and sums, each at most a sequence's */
-        total += 2 * align256((size_t)T * Hq * D * sizeof(float)) + 4 * align256((size_t)T * Hkv * D * sizeof(float));
+    if (dp > limit) { /* it may be chunked: one KV head's partial outputs and dQ sum over chunks no
+                       * longer than the longest that fits any sequence, and its dK, dV sums */
+        int G = Hq / Hkv;
+        size_t longest = (size_t)longest_chunk(G, limit, INT_MAX);
+        total += 2 * align256(longest * G * D * sizeof(float)) + 2 * align256(longest * D * sizeof(float)) +
+                 2 * align256((size_t)T * D * sizeof(float));
+    }
     return total;
 }
 

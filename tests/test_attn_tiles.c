@@ -21,7 +21,7 @@ static void check_tiling(int B, int T, int Hq, int Hkv, size_t limit)
     const size_t floor_dp = attn_tile_dp_bytes(1, G, ATTN_TILE_ROWS, ATTN_TILE_ROWS);
     assert_true(t.nb >= 1 && t.nb <= B && B % t.nb == 0);
     assert_true(t.ng >= 1 && t.ng <= Hkv && Hkv % t.ng == 0);
-    assert_true(t.nchunks == 1 ? t.chunk == T : t.chunk % ATTN_TILE_ROWS == 0 && t.nb == 1);
+    assert_true(t.nchunks == 1 ? t.chunk == T : t.chunk % ATTN_TILE_ROWS == 0 && t.nb == 1 && t.ng == 1);
     assert_true((t.nchunks - 1) * t.chunk < T && t.nchunks * t.chunk >= T);
 
     /* pairs[((b * Hkv + g) * T + i) * T + j]: the calls that took query i and key j */
@@ -118,17 +118,17 @@ static void check_tiling(int B, int T, int Hq, int Hkv, size_t limit)
     free(dk_keys);
 }
 
-/* Every branch: whole batches, some batch entries, some heads, chunks (even and uneven, one and
- * several heads per call), a sequence shorter than a tile that does not fit. */
+/* Every branch: whole batches, some batch entries, some heads, chunks (even and uneven; one KV
+ * head a call), a sequence shorter than a tile that does not fit. */
 static void test_calls_cover_causal_pairs_once(void **state)
 {
     const size_t KiB = 1024;
     check_tiling(2, 300, 8, 2, 64 * 1024 * KiB); /* whole */
     check_tiling(4, 300, 8, 2, 4096 * KiB);      /* two batch entries a call */
     check_tiling(1, 300, 8, 4, 900 * KiB);       /* two KV heads (4 query heads) a call */
-    check_tiling(2, 300, 8, 2, 64 * KiB);        /* uneven chunks of 64, both KV heads a call */
-    check_tiling(1, 256, 4, 4, 64 * KiB);        /* even chunks, two KV heads a call */
-    check_tiling(1, 1000, 6, 3, 1500 * KiB);     /* uneven chunks of 512, one KV head a call */
+    check_tiling(2, 300, 8, 2, 64 * KiB);        /* uneven chunks of 64 */
+    check_tiling(1, 256, 4, 4, 64 * KiB);        /* even chunks */
+    check_tiling(1, 1000, 6, 3, 1500 * KiB);     /* uneven chunks of 512 */
     check_tiling(2, 40, 4, 2, 1 * KiB);          /* shorter than a tile, nothing fits */
     check_tiling(1, 1, 2, 1, 1 * KiB);
     uint64_t rng = tu_seed("test_attn_tiles", 31);
