@@ -180,9 +180,14 @@ static void test_override_paths_from_cwd(void **state)
     assert_string_equal(job.data_val, "");         /* an emptied path stays empty */
     snprintf(want, sizeof want, "%s/logs", sub);
     assert_string_equal(job.log_dir, want);        /* the file's own value: from its folder */
-    /* an override naming a path that exists only beside the ini is not found from elsewhere */
-    char *beside[] = {"data.train=../train.bin"};
-    assert_int_equal(chdir(dir), 0);
+    /* an override naming a path that exists only beside the ini is not found from elsewhere (a
+     * folder of the test's own, so that nothing outside it can match) */
+    char *beside[] = {"data.train=../train.bin"}, elsewhere[1300];
+    snprintf(elsewhere, sizeof elsewhere, "%s/a", dir);
+    mkdir(elsewhere, 0755);
+    snprintf(elsewhere, sizeof elsewhere, "%s/a/b", dir);
+    mkdir(elsewhere, 0755);
+    assert_int_equal(chdir(elsewhere), 0);
     rc = job_config_load(ini, 1, beside, &job);
     assert_int_equal(chdir(old_cwd), 0);
     assert_int_equal(rc, -1);
