@@ -4,7 +4,8 @@
 # and its plan against hand-written alternatives at one of them. Prints one table; logs in $OUT;
 # results in docs/performance.md §4. Needs .gpudeps/ as bench/gpu_build.sh's header says. With
 # NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already. ISSUE31=1 runs issue 31's
-# rows instead (docs/performance.md §10), ISSUE31_MODES="true" only the deterministic ones.
+# rows instead (docs/performance.md §10), ISSUE31_MODES="true" only the deterministic ones, and
+# ISSUE31_COMPARE=1 adds 64k 8 x 2 and 32K with the deterministic backward on the built-in kernels.
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/planner
 rm -rf "$w" && mkdir -p "$w"
@@ -47,6 +48,10 @@ if [ -n "${ISSUE31:-}" ]; then
         run "32k_$det" train.micro_batch=1 data.seq_len=32768 train.steps=5 $d
         run "131k_$det" train.micro_batch=1 data.seq_len=131072 train.steps=3 $d
     done
+    if [ -n "${ISSUE31_COMPARE:-}" ]; then # the deterministic backward on the built-in kernels, as before
+        SLIDEDP_ATTENTION=det-builtin run 64k_8x2_det_builtin train.micro_batch=8 train.grad_accum=2 train.steps=5
+        SLIDEDP_ATTENTION=det-builtin run 32k_det_builtin train.micro_batch=1 data.seq_len=32768 train.steps=5
+    fi
 else
     for mem in auto 24G; do
         for mb in 1 2 4; do

@@ -9,6 +9,8 @@
 #include "common/attn_tiles.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 /* sum[i] += part[i], part fp32 or bf16 */
 __global__ void tile_sum_kernel(float *sum, const void *part, bool part_f32, size_t n)
@@ -42,6 +44,10 @@ bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, 
                               const void *k, const void *v, const void *out, const float *lse, int B, int T, int Hq,
                               int Hkv, int D)
 {
+    /* SLIDEDP_ATTENTION=det-builtin: the built-in kernels instead (cuDNN elsewhere), to compare steps */
+    static const char *mode = getenv("SLIDEDP_ATTENTION");
+    if (mode && !strcmp(mode, "det-builtin"))
+        return false;
     struct cuda_ctx *cx = cuda_ctx_of(be);
     cudaStream_t st = cx->compute;
     struct attn_tiling t;
