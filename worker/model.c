@@ -111,6 +111,12 @@ void model_rope_tables(const struct model_config *cfg, int T, float *cos_out, fl
     free(inv);
 }
 
+/* Bytes of one layer input, (N, C) activations. */
+static size_t input_bytes(const struct model *m)
+{
+    return (size_t)m->N * (size_t)m->cfg.hidden_size * be_dtype_size(m->be->act_dtype);
+}
+
 int model_init(struct model *m, struct backend *be, const struct model_config *cfg, const struct tensor_desc *tensors,
                int num_tensors, const struct chunk_desc *chunks, int num_chunks, int B, int T,
                const uint8_t *keep_acts, int logits_rows, bool offload_inputs)
@@ -161,7 +167,7 @@ int model_init(struct model *m, struct backend *be, const struct model_config *c
     m->d_cos = f32_alloc(m, (size_t)T * half, &fail);
     m->d_sin = f32_alloc(m, (size_t)T * half, &fail);
     if (offload_inputs) {
-        size_t per_layer = N * C * be_dtype_size(be->act_dtype), bytes = per_layer * (size_t)L;
+        size_t per_layer = input_bytes(m), bytes = per_layer * (size_t)L;
         if (posix_memalign(&m->host_inp, 4096, bytes) != 0) {
             m->host_inp = NULL;
             model_free(m);
@@ -403,11 +409,6 @@ static void upload_batch(struct model *m, const int32_t *tokens, const int32_t *
 }
 
 /* ---- layer inputs (offloaded ones in the ring, docs/design.md §6.1) ---- */
-
-static size_t input_bytes(const struct model *m)
-{
-    return (size_t)m->N * (size_t)m->cfg.hidden_size * be_dtype_size(m->be->act_dtype);
-}
 
 static void *host_input(const struct model *m, int l)
 {

@@ -53,7 +53,7 @@ struct model {
     float *d_row_scale, *d_loss_rows;
     float *d_cos, *d_sin;
     void **layer_inp;     /* per layer + 1: the residual stream entering layer l; [L] = final. With
-                           * offloaded inputs only [L] is allocated (layer_input) */
+                           * offloaded inputs only [L] is allocated (the ring holds the others) */
     /* Offloaded layer inputs (docs/design.md §6.1): layer l's input is on the device in ring[l % 2]
      * while layer l runs, and in host memory (host_inp + l * N * C activations, registered) from its
      * forward to its backward, which loads it back (the next one's load overlapping it). NULL

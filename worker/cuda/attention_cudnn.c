@@ -835,7 +835,8 @@ static void io_add(struct io *io, int64_t uid, const void *ptr)
     io->ptrs[io->n++] = (void *)ptr;
 }
 
-/* What the forward and the backward both pass: q, k, v, out, lse and the scalars. */
+/* What the forward and the backward both pass: q, k, v, out, lse and the scalars (neg, the mask's
+ * fill, NULL for a graph without a mask). */
 static void io_add_common(struct io *io, const void *q, const void *k, const void *v, const void *out,
                           const float *lse, const float *scale, const float *neg)
 {
@@ -845,7 +846,20 @@ static void io_add_common(struct io *io, const void *q, const void *k, const voi
     io_add(io, U_O, out);
     io_add(io, U_LSE, lse);
     io_add(io, U_SCALE, scale);
-    io_add(io, U_NEG, neg);
+    if (neg)
+        io_add(io, U_NEG, neg);
+}
+
+/* What every backward passes beyond that: dout, the gradients, the constant one and the row sums. */
+static void io_add_grads(struct io *io, const void *dout, void *dq, void *dk, void *dv, const float *one,
+                         float *rowsum)
+{
+    io_add(io, U_DO, dout);
+    io_add(io, U_DQ, dq);
+    io_add(io, U_DK, dk);
+    io_add(io, U_DV, dv);
+    io_add(io, U_ONE, one);
+    io_add(io, U_ROWSUM, rowsum);
 }
 
 static void io_add_docs(struct io *io, const struct cudnn_docs *docs)
@@ -883,12 +897,7 @@ static bool bwd(struct cudnn_sdpa *p, cudaStream_t st, void *scratch, const stru
     float scale = 1.0f / sqrtf((float)p->D), one = 1.0f, neg = docs ? -INFINITY : -FLT_MAX;
     struct io io = {0};
     io_add_common(&io, q, k, v, out, lse, &scale, &neg);
-    io_add(&io, U_DO, dout);
-    io_add(&io, U_DQ, dq);
-    io_add(&io, U_DK, dk);
-    io_add(&io, U_DV, dv);
-    io_add(&io, U_ONE, &one);
-    io_add(&io, U_ROWSUM, at + l.rowsum);
+    io_add_grads(&io, dout, dq, dk, dv, &one, (float *)(at + l.rowsum));
     io_add(&io, U_DQ_ACC, at + l.dq_acc);
     if (docs) {
         io_add_docs(&io, docs);
@@ -941,19 +950,7 @@ bool cudnn_sdpa_tile_bwd(struct cudnn_sdpa *p, cudaStream_t st, void *workspace,
 {
     float scale = 1.0f / sqrtf((float)p->D), one = 1.0f, neg = -FLT_MAX;
     struct io io = {0};
-    io_add(&io, U_Q, q);
-    io_add(&io, U_K, k);
-    io_add(&io, U_V, v);
-    io_add(&io, U_O, out);
-    io_add(&io, U_LSE, lse);
-    io_add(&io, U_SCALE, &scale);
-    if (p->tile.causal) /* the mask's fill: the other tiles have no mask */
-        io_add(&io, U_NEG, &neg);
-    io_add(&io, U_DO, dout);
-    io_add(&io, U_DQ, dq);
-    io_add(&io, U_DK, dk);
-    io_add(&io, U_DV, dv);
-    io_add(&io, U_ONE, &one);
-    io_add(&io, U_ROWSUM, rowsum);
+    io_add_common(&io, q, k, v, out, lse, &scale, p->tile.causal ? &neg : NULL); /* the others have no mask */
+    io_add_grads(&io, dout, dq, dk, dv, &one, rowsum);
     return execute(p, st, workspace, io.n, io.uids, io.ptrs);
 }

@@ -93,6 +93,13 @@ void *cuda_scratch(struct backend *be, size_t bytes)
     return p;
 }
 
+/* Copies queued on st from now on start after the compute queued so far. */
+static void after_compute(struct cuda_ctx *cx, cudaStream_t st)
+{
+    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(st, cx->compute_mark, 0));
+}
+
 static void *cu_alloc(struct backend *be, size_t bytes)
 {
     return budget_alloc(cuda_ctx_of(be), bytes, "alloc");
@@ -184,8 +191,7 @@ static void cu_fetch_weights_async(struct backend *be, int slot, void *dst, cons
     struct cuda_ctx *cx = cuda_ctx_of(be);
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
     /* Compute queued so far may still read the buffer being overwritten. */
-    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
-    CUDA_CHECK(cudaStreamWaitEvent(cx->h2d, cx->compute_mark, 0));
+    after_compute(cx, cx->h2d);
     CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n * sizeof(uint16_t), cudaMemcpyHostToDevice, cx->h2d));
     CUDA_CHECK(cudaEventRecord(cx->h2d_done[slot], cx->h2d));
 }
@@ -203,8 +209,7 @@ static void cu_fetch_weights_f32_async(struct backend *be, int slot, void *dst, 
             abort();
         }
     }
-    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
-    CUDA_CHECK(cudaStreamWaitEvent(cx->h2d, cx->compute_mark, 0));
+    after_compute(cx, cx->h2d);
     for (size_t i = 0; i < n; i += BE_MASTER_STAGE_FLOATS) {
         size_t m = n - i < BE_MASTER_STAGE_FLOATS ? n - i : BE_MASTER_STAGE_FLOATS;
         CUDA_CHECK(cudaMemcpyAsync(cx->weight_stage, src_host + i, m * sizeof(float), cudaMemcpyHostToDevice, cx->h2d));
@@ -224,8 +229,7 @@ static void cu_send_grads_async(struct backend *be, int slot, float *dst_host, c
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
-    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
-    CUDA_CHECK(cudaStreamWaitEvent(cx->d2h, cx->compute_mark, 0));
+    after_compute(cx, cx->d2h);
     CUDA_CHECK(cudaMemcpyAsync(dst_host, src, n * sizeof(float), cudaMemcpyDeviceToHost, cx->d2h));
     CUDA_CHECK(cudaEventRecord(cx->d2h_done[slot], cx->d2h));
 }
@@ -236,8 +240,7 @@ static void cu_send_grads_bf16_async(struct backend *be, int slot, uint16_t *dst
 {
     struct cuda_ctx *cx = cuda_ctx_of(be);
     SD_ASSERT(slot >= 0 && slot < BE_MAX_XFER_SLOTS);
-    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
-    CUDA_CHECK(cudaStreamWaitEvent(cx->d2h, cx->compute_mark, 0));
+    after_compute(cx, cx->d2h);
     for (size_t i = 0; i < n; i += GRAD_STAGE_ELEMS) {
         size_t m = n - i < GRAD_STAGE_ELEMS ? n - i : GRAD_STAGE_ELEMS;
         cuda_convert_f32_to_bf16(cx->d2h, cx->grad_stage, src + i, m);
@@ -261,8 +264,7 @@ static void cu_copy_activations_async(struct backend *be, int slot, bool save, v
     SD_ASSERT(slot >= 0 && slot < BE_ACT_SLOTS);
     cudaStream_t st = save ? cx->d2h : cx->h2d;
     /* a save reads what compute wrote; a load overwrites what compute may still read */
-    CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
-    CUDA_CHECK(cudaStreamWaitEvent(st, cx->compute_mark, 0));
+    after_compute(cx, st);
     if (save)
         CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, st));
     else
