@@ -5,7 +5,8 @@
 # results in docs/performance.md §4. Needs .gpudeps/ as bench/gpu_build.sh's header says. With
 # NO_BUILD=1 it expects the caller to have sourced bench/gpu_build.sh already. ISSUE31=1 runs issue 31's
 # rows instead (docs/performance.md §10), ISSUE31_MODES="true" only the deterministic ones, and
-# ISSUE31_COMPARE=1 adds 64k 8 x 2 and 32K with the deterministic backward on the built-in kernels.
+# ISSUE31_COMPARE=1 adds 64k 8 x 2 and 32K with the deterministic backward on the built-in kernels;
+# ISSUE31_ROWS picks rows, PEERS=1 adds the FSDP2 peer rows (see below).
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/planner
 rm -rf "$w" && mkdir -p "$w"
@@ -40,13 +41,27 @@ PY
 if [ -n "${ISSUE31:-}" ]; then
     # issue 31's rows instead (docs/performance.md §10): auto plans, deterministic (the default) and
     # not; the 131K steps take 20-35 s each, so they run 3 steps (the median is the third)
+    # ISSUE31_ROWS="64k_8x2 32k ..." runs only those; PEERS=1 adds the FSDP2 peer beside 64k 8 x 2
+    # (GPU-resident) and 32K (with activation checkpointing), from .gpudeps/torch_peer.py
+    row() { [ -z "${ISSUE31_ROWS:-}" ] || [[ " $ISSUE31_ROWS " == *" $1 "* ]]; }
+    peer() { # name, torch_peer.py arguments
+        local name=$1 limit=$((deadline - SECONDS))
+        shift
+        [ "$limit" -gt 150 ] && limit=150
+        [ "$limit" -lt 40 ] && { log "$name: skipped (no time left)"; return; }
+        timeout "$limit" python3 "${GPUDEPS:-.gpudeps}/torch_peer.py" "$@" > "$out/peer_$name.log" 2>&1
+        local t=$(grep '^RESULT' "$out/peer_$name.log" | python3 -c "import json,sys; print(json.loads(sys.stdin.read()[7:])['step_s'])" 2>/dev/null)
+        log "peer $name ($*): median step ${t:-nan} s"
+    }
     for det in ${ISSUE31_MODES:-true false}; do
         d=runtime.deterministic=$det
-        run "64k_8x2_$det" train.micro_batch=8 train.grad_accum=2 train.steps=5 $d
-        run "64k_2x8_$det" train.grad_accum=8 train.steps=5 $d
-        run "8k_$det" $d
-        run "32k_$det" train.micro_batch=1 data.seq_len=32768 train.steps=5 $d
-        run "131k_$det" train.micro_batch=1 data.seq_len=131072 train.steps=3 $d
+        row 64k_8x2 && run "64k_8x2_$det" train.micro_batch=8 train.grad_accum=2 train.steps=5 $d
+        [ -n "${PEERS:-}" ] && row 64k_8x2 && [ $det = true ] && peer fsdp2_gpu_64k_8x2 1.7b gpu 4096 8 2 4
+        row 32k && run "32k_$det" train.micro_batch=1 data.seq_len=32768 train.steps=5 $d
+        [ -n "${PEERS:-}" ] && row 32k && [ $det = true ] && peer fsdp2_gpu_ckpt_32k 1.7b gpu 32768 1 1 4 --ckpt
+        row 8k && run "8k_$det" $d
+        row 64k_2x8 && run "64k_2x8_$det" train.grad_accum=8 train.steps=5 $d
+        row 131k && run "131k_$det" train.micro_batch=1 data.seq_len=131072 train.steps=3 $d
     done
     if [ -n "${ISSUE31_COMPARE:-}" ]; then # the deterministic backward on the built-in kernels, as before
         SLIDEDP_ATTENTION=det-builtin run 64k_8x2_det_builtin train.micro_batch=8 train.grad_accum=2 train.steps=5

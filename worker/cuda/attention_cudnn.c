@@ -640,8 +640,8 @@ static struct cudnn_sdpa *find_or_build(int bwd, int B, int T, int Hq, int Hkv, 
     pthread_mutex_lock(&plans_mu);
     struct cudnn_sdpa *p = NULL;
     for (int i = 0; i < nplans && !p; i++)
-        if (plans[i].bwd == bwd && plans[i].B == B && plans[i].T == T && plans[i].Hq == Hq && plans[i].Hkv == Hkv &&
-            plans[i].D == D && plans[i].tokens == tokens)
+        if (!plans[i].is_tile && plans[i].bwd == bwd && plans[i].B == B && plans[i].T == T && plans[i].Hq == Hq &&
+            plans[i].Hkv == Hkv && plans[i].D == D && plans[i].tokens == tokens)
             p = &plans[i];
     if (!p && nplans < MAX_PLANS) {
         p = &plans[nplans++];
