@@ -85,8 +85,9 @@ struct calib_gpu {
     double gemm_small_flops;  /* the same at smallest dimension 128 (read linearly in log between) */
     double attn_fwd_flops;    /* causal attention forward FLOP/s (4*B*H*D*T(T+1)/2 FLOPs) */
     double attn_fwdbwd_flops; /* forward + backward FLOP/s (3.5 forwards' FLOPs) */
-    double attn_bwd_det_flops; /* the backward alone with runtime.deterministic (2.5 forwards' FLOPs): it
-                                * runs other kernels than the fused non-deterministic one */
+    double attn_bwd_det_flops; /* the backward alone with runtime.deterministic (2.5 forwards' FLOPs):
+                                * cuDNN's deterministic engine in tiles, not the fused kernel */
+    double attn_bwd_builtin_flops; /* the same on the built-in kernels (document windows) */
     double mem_bw;            /* device memory bytes/s of elementwise kernels */
     double launch_s;          /* per kernel launch */
     double mem_bytes;         /* device memory used when runtime.gpu_mem = auto */

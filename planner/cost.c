@@ -62,7 +62,11 @@ enum attn_kernels cost_attention_kernels(const struct job_config *job)
 {
     if (job->device == DEVICE_CPU)
         return ATTN_KERNELS_CPU;
-    return job->deterministic ? ATTN_KERNELS_DET_BACKWARD : ATTN_KERNELS_CUDNN;
+    if (!job->deterministic)
+        return ATTN_KERNELS_CUDNN;
+    /* windows of several documents; one document per window runs dense */
+    bool documents = job->attention_pairs > 0 && job->attention_pairs < 1;
+    return documents ? ATTN_KERNELS_DET_BUILTIN : ATTN_KERNELS_DET_CUDNN;
 }
 
 static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D, double frac)
@@ -74,17 +78,20 @@ static double attn_fwd_s(const struct dev *d, int B, int T, int Hq, int D, doubl
 }
 
 /* The backward is what forward + backward costs beyond the forward (FlashAttention counts it as
- * 2.5 forwards). Deterministic, the CUDA backend runs its own backward kernels instead of cuDNN's
- * (worker/cuda/attention_bwd.cu), at a rate of their own; the CPU backend's ops are the same either
- * way. Document attention runs the same kernels over fewer pairs. */
+ * 2.5 forwards). Deterministic, the CUDA backend runs cuDNN's deterministic engine in tiles
+ * (worker/cuda/attention_det.cu), or for document windows its built-in kernels
+ * (worker/cuda/attention_bwd.cu), each at a rate of its own; the CPU backend's ops are the same
+ * either way. Document attention runs its kernels over fewer pairs. */
 static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D, double frac)
 {
     double P = attn_pairs(B, T, Hq, frac);
     if (d->cpu)
         return P * (d->c->attn_bwd_pair_dim_s * D + d->c->attn_bwd_pair_s);
     double F = 4 * P * D;
-    if (d->attn != ATTN_KERNELS_CUDNN)
+    if (d->attn == ATTN_KERNELS_DET_CUDNN)
         return 2.5 * F / d->g->attn_bwd_det_flops + d->g->launch_s;
+    if (d->attn == ATTN_KERNELS_DET_BUILTIN)
+        return 2.5 * F / d->g->attn_bwd_builtin_flops + d->g->launch_s;
     return fmax(3.5 * F / d->g->attn_fwdbwd_flops - F / d->g->attn_fwd_flops, 2.5 * F / d->g->attn_fwd_flops) +
            d->g->launch_s;
 }

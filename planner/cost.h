@@ -106,10 +106,11 @@ double cost_head_flops(const struct model_config *cfg, int64_t N);
 int64_t cost_layer_act_bytes(const struct model_config *cfg, int64_t N, int act_size, int align);
 
 /* The attention kernels a job runs (worker/cuda/attention_*.cu), so the rates that price them:
- * cuDNN's fused kernels both ways; cuDNN's forward and the built-in deterministic backward
- * (runtime.deterministic); or the CPU backend's. Document attention takes the same ones (cuDNN's
- * over a table of the documents) on the pairs within documents. */
-enum attn_kernels { ATTN_KERNELS_CPU, ATTN_KERNELS_CUDNN, ATTN_KERNELS_DET_BACKWARD };
+ * cuDNN's fused kernels both ways; with runtime.deterministic, cuDNN's forward and its deterministic
+ * backward engine in tiles (design §9.7), or for document windows the built-in deterministic
+ * backward; or the CPU backend's. Document attention takes cuDNN's kernels over a table of the
+ * documents on the pairs within documents. */
+enum attn_kernels { ATTN_KERNELS_CPU, ATTN_KERNELS_CUDNN, ATTN_KERNELS_DET_CUDNN, ATTN_KERNELS_DET_BUILTIN };
 enum attn_kernels cost_attention_kernels(const struct job_config *job);
 
 /* Device memory for the case with `kept` layers keeping their activations. */

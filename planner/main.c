@@ -397,7 +397,8 @@ static cJSON *job_json(const struct report *r)
     static const char *const attention[] = {"auto", "document", "window"};
     cJSON_AddStringToObject(job, "attention", attention[r->job->attention]);
     cJSON_AddNumberToObject(job, "attention_pairs", r->job->attention_pairs > 0 ? r->job->attention_pairs : 1);
-    /* a CUDA job's attention backward is priced at attn_bwd_det_flops when true */
+    /* a CUDA job's attention backward is priced at attn_bwd_det_flops when true (document
+     * windows: attn_bwd_builtin_flops) */
     cJSON_AddBoolToObject(job, "deterministic", r->job->deterministic);
     return job;
 }

@@ -1076,7 +1076,8 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
     static const char *const kernels[] = {
         [ATTN_KERNELS_CPU] = "",
         [ATTN_KERNELS_CUDNN] = "; backward cuDNN's (not deterministic)",
-        [ATTN_KERNELS_DET_BACKWARD] = "; backward deterministic (built-in kernels)",
+        [ATTN_KERNELS_DET_CUDNN] = "; backward deterministic (cuDNN's deterministic engine)",
+        [ATTN_KERNELS_DET_BUILTIN] = "; backward deterministic (built-in kernels)",
     };
     const char *backward = kernels[cost_attention_kernels(job)];
     if (job->attention_pairs > 0)

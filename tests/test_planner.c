@@ -191,10 +191,10 @@ static double fused_bwd_s(const struct calib_gpu *g, double F)
     return fmax(3.5 * F / g->attn_fwdbwd_flops - F / g->attn_fwd_flops, 2.5 * F / g->attn_fwd_flops);
 }
 
-/* runtime.deterministic (the default) runs the CUDA attention backward on the built-in kernels, at
- * their own rate (calib_gpu attn_bwd_det_flops, 215 TFLOP/s on one H200 against cuDNN's 417 that
- * attn_fwdbwd_flops and attn_fwd_flops give): each layer's backward of each micro-step costs
- * 2.5 F / 215e12 instead of 3.5 F / 440e12 - F / 510e12 (F = 4 P D, the forward's FLOPs), and
+/* runtime.deterministic (the default) runs the CUDA attention backward on cuDNN's deterministic
+ * engine in tiles, at its own rate (calib_gpu attn_bwd_det_flops, 380 TFLOP/s against cuDNN's 417
+ * that attn_fwdbwd_flops and attn_fwd_flops give): each layer's backward of each micro-step costs
+ * 2.5 F / 380e12 instead of 3.5 F / 440e12 - F / 510e12 (F = 4 P D, the forward's FLOPs), and
  * nothing else moves. The CPU backend runs the same ops either way. */
 static void test_deterministic_backward_priced(void **state)
 {
@@ -203,7 +203,7 @@ static void test_deterministic_backward_priced(void **state)
     struct plan p = hand_plan(1, 6, 4, 1, UPDATE_AFTER_BACKWARD);
     struct calib cal = test_calib();
     const struct calib_gpu *g = &cal.gpu;
-    assert_true(g->attn_bwd_det_flops == 215e12);
+    assert_true(g->attn_bwd_det_flops == 380e12);
     double F = attn_fwd_flops_of(&cfg, 2, 2048), det = 2.5 * F / g->attn_bwd_det_flops, fused = fused_bwd_s(g, F);
     static const int devices[] = {DEVICE_CUDA, DEVICE_CPU};
     for (int d = 0; d < 2; d++) {
@@ -225,11 +225,13 @@ static void test_deterministic_backward_priced(void **state)
     }
 }
 
-/* Document attention on CUDA runs the kernels whole windows run (cuDNN's over a table of the
- * documents, worker/cuda/attention_cudnn.c; the deterministic backward on the built-in kernels) on
- * the pairs within documents: with every pair visited it costs what whole windows cost, and with a
- * quarter of them the device time falls by three quarters of the attention's, forward and backward
- * at the mode's rates. On the CPU the same holds at the CPU's rates; only the CUDA case is checked
+/* Document attention on CUDA runs cuDNN's kernels over a table of the documents
+ * (worker/cuda/attention_cudnn.c; deterministic, the backward on the built-in kernels) on the pairs
+ * within documents: with every pair visited (one document per window, which runs dense) it costs
+ * what whole windows cost, and with a quarter of them the device time falls by the window's
+ * attention less a quarter of the document kernels' (not deterministic the same rates: three
+ * quarters of it; deterministic the backward at attn_bwd_builtin_flops instead of
+ * attn_bwd_det_flops). On the CPU the same holds at the CPU's rates; only the CUDA case is checked
  * against the rates here. */
 static void test_document_attention_priced_by_pairs(void **state)
 {
@@ -253,8 +255,9 @@ static void test_document_attention_priced_by_pairs(void **state)
             job.attention_pairs = 0.25;
             price_plan(&cfg, &job, &p, &lay, &quarter, NULL, NULL);
             layout_free(&lay);
-            double attn = F / g.attn_fwd_flops + (det ? 2.5 * F / g.attn_bwd_det_flops : fused_bwd_s(&g, F));
-            double expect = cfg.num_layers * job.grad_accum * 0.75 * attn;
+            double window_attn = F / g.attn_fwd_flops + (det ? 2.5 * F / g.attn_bwd_det_flops : fused_bwd_s(&g, F));
+            double doc_attn = F / g.attn_fwd_flops + (det ? 2.5 * F / g.attn_bwd_builtin_flops : fused_bwd_s(&g, F));
+            double expect = cfg.num_layers * job.grad_accum * (window_attn - 0.25 * doc_attn);
             printf("# %s, %sdeterministic: device %.6f ms window, %.6f all pairs, %.6f a quarter (CUDA: expect "
                    "-%.6f ms)\n",
                    device ? "CPU" : "CUDA", det ? "" : "not ", window.compute_s * 1e3, all.compute_s * 1e3,
@@ -462,15 +465,16 @@ static void assert_prediction(double predicted, double pinned, double lo, double
  * both); the bf16 copy updated during the backward, 1 x 14: 0.548 s. Each prediction is within 15%
  * of its measurement and pinned to half a millisecond (a change of the model that moves one must
  * look at these measurements again), and without clipping the planner takes the update during the
- * backward. The runs were deterministic (the default since before issue 32), so the attention
- * backward is priced at the built-in kernels' rate (issue 31: 0.6604, 0.5804, 0.6604 and 0.5516
- * before). */
+ * backward. The runs were deterministic (the default since before issue 32) when that backward ran
+ * the built-in kernels, so it is priced at their rate (issue 31: 0.6604, 0.5804, 0.6604 and 0.5516
+ * before it had a rate of its own). */
 static void test_issue32_overlap_plans(void **state)
 {
     struct model_config cfg;
     struct calib cal;
     struct topology topo;
     bench_shape_on_h200(&cfg, &cal, &topo);
+    cal.gpu.attn_bwd_det_flops = cal.gpu.attn_bwd_builtin_flops;
     static const struct {
         const char *name;
         double clip;
@@ -734,35 +738,46 @@ static void load_qwen72b(struct job_config *job, struct model_config *cfg)
 
 /* Issue 31's measurements on the GPU host (one H200, 16 cores): the bench job (bench/qwen3-1.7b.ini:
  * the Qwen3-1.7B shape, clipping, fp32 gradients, auto plans), deterministic (the default) or not,
- * priced for the host examples/h200-host.json describes. Before the deterministic backward had a
- * rate of its own the deterministic rows were predicted as the others (32K 1.7395 s against 2.417
- * measured, 131K 22.09 against 32.69); each is now within 15% of its measurement (both ends of a
- * measured range) and pinned to half a millisecond. */
+ * priced for the host examples/h200-host.json describes. They were measured when the deterministic
+ * backward ran the built-in kernels, so they are priced at those kernels' rate
+ * (attn_bwd_builtin_flops; SLIDEDP_ATTENTION=det-builtin runs them so). Before the deterministic
+ * backward had a rate of its own the deterministic rows were predicted as the others (32K 1.7395 s
+ * against 2.417 measured, 131K 22.09 against 32.69); each is now within 15% of its measurement
+ * (both ends of a measured range) and pinned to half a millisecond. Then the deterministic rows
+ * priced for cuDNN's deterministic engine (attn_bwd_det_flops), which the engine now runs: pinned,
+ * with their measurements where there are some (lo = 0: none yet). */
 static void test_issue31_deterministic_rows(void **state)
 {
     struct model_config cfg;
     struct calib cal;
     struct topology topo;
     bench_shape_on_h200(&cfg, &cal, &topo);
+    const double det_engine = cal.gpu.attn_bwd_det_flops;
     static const struct {
         const char *name;
         int mb, T, accum;
-        bool det;
+        bool det, builtin; /* builtin: measured with the built-in deterministic backward */
         double lo, hi, pinned; /* measured s (a range where the issue gives one), predicted s */
     } runs[] = {
-        {"64k, 8 x 4096 x 2", 8, 4096, 2, true, 2.156, 2.156, 1.9643},
-        {"64k, 8 x 4096 x 2, not deterministic", 8, 4096, 2, false, 1.913, 1.913, 1.7823},
-        {"64k, 2 x 4096 x 8", 2, 4096, 8, true, 2.265, 2.265, 2.1264},
-        {"8k, 2 x 4096", 2, 4096, 1, true, 0.690, 0.690, 0.7341},
-        {"8k, 2 x 4096, not deterministic", 2, 4096, 1, false, 0.690, 0.690, 0.7132},
-        {"one 32K sequence", 1, 32768, 1, true, 2.417, 2.417, 2.5011},
-        {"one 32K sequence, not deterministic", 1, 32768, 1, false, 1.64, 1.82, 1.7395},
-        {"one 131K sequence", 1, 131072, 1, true, 32.69, 32.69, 32.9080},
+        {"64k, 8 x 4096 x 2, built-in", 8, 4096, 2, true, true, 2.156, 2.156, 1.9643},
+        {"64k, 8 x 4096 x 2, not deterministic", 8, 4096, 2, false, false, 1.913, 1.913, 1.7823},
+        {"64k, 2 x 4096 x 8, built-in", 2, 4096, 8, true, true, 2.265, 2.265, 2.1264},
+        {"8k, 2 x 4096, built-in", 2, 4096, 1, true, true, 0.690, 0.690, 0.7341},
+        {"8k, 2 x 4096, not deterministic", 2, 4096, 1, false, false, 0.690, 0.690, 0.7132},
+        {"one 32K sequence, built-in", 1, 32768, 1, true, true, 2.417, 2.417, 2.5011},
+        {"one 32K sequence, not deterministic", 1, 32768, 1, false, false, 1.64, 1.82, 1.7395},
+        {"one 131K sequence, built-in", 1, 131072, 1, true, true, 32.69, 32.69, 32.9080},
+        {"64k, 8 x 4096 x 2", 8, 4096, 2, true, false, 0, 0, 1.8089},
+        {"64k, 2 x 4096 x 8", 2, 4096, 8, true, false, 0, 0, 1.9709},
+        {"8k, 2 x 4096", 2, 4096, 1, true, false, 0, 0, 0.7146},
+        {"one 32K sequence", 1, 32768, 1, true, false, 0, 0, 1.8115},
+        {"one 131K sequence", 1, 131072, 1, true, false, 0, 0, 22.8907},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         struct job_config job = job_of(DEVICE_CUDA, 1, runs[i].mb, runs[i].T, runs[i].accum);
         job.weights_source = WEIGHTS_AUTO;
         job.deterministic = runs[i].det;
+        cal.gpu.attn_bwd_det_flops = runs[i].builtin ? cal.gpu.attn_bwd_builtin_flops : det_engine;
         struct plan p;
         assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, 1, &p, NULL), 0);
         printf("# %s: predicted %.4f s, measured %.3f-%.3f s\n", runs[i].name, p.predicted_step_s, runs[i].lo,
@@ -1294,7 +1309,8 @@ static void test_weights_source(void **state)
  * itself pays no reduction pass, issue 32; the CUDA cases' steps since the optimizer has one core
  * less per GPU while the gradient copies are in flight, issue 32, which makes the first case's
  * 2 layers x 6 buffers 0.03% faster than its 3 x 5 of before; the second case's step since the
- * deterministic attention backward has a rate of its own, issue 31; the GPU bytes since the
+ * deterministic attention backward has a rate of its own, issue 31, and again since it runs cuDNN's
+ * deterministic engine at a rate of that engine's; the GPU bytes since the
  * SwiGLU backward writes its gradients over gate and up, two (N, I) buffers fewer, and the CUDA
  * cases' since the deterministic attention backward's cuDNN calls take up to 1 GiB of dP scratch,
  * common/attn_tiles.h), host_state ignored. */
@@ -1310,7 +1326,7 @@ static void test_hosts_one_as_before(void **state)
     } cases[] = {
         {DEVICE_CUDA, 1, 4, 1, 1.0, 2, 6, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.114c9b22671fp-3, 0x1.83dddp+32,
          0x1.6d0dp+28, 0x1.6d0dp+29, 3446104064, 3406995968},
-        {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.2101a53e7e81ap-3, 0x1.563a5p+32,
+        {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.1ff084611c6e2p-3, 0x1.563a5p+32,
          0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3902235136},
         {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21ef44a20e47cp+7, 0x1.22e4c4p+34,
          0x1.6d0bp+28, 0x1.11c84p+31, 10099942400, 2320278016},
