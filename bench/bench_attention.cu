@@ -4,7 +4,7 @@
  * count: forward 4*B*Hq*T*T*D/2, backward 2.5x forward. Then document attention (issue 30) against
  * dense causal attention at B=2 T=4096 for several document-length mixes. `bench_attention
  * backward`: the backward's deterministic, built-in and fused kernels at 4K, 32K and 128K (`backward
- * bounds`: then the deterministic one under dP bounds of 1-8 GiB). Not a
+ * tilings`: then the deterministic one cut into other calls). Not a
  * test; built when CUDA is. */
 #include "common/attn_tiles.h"
 #include "worker/cuda/cuda_common.cuh"
@@ -176,29 +176,40 @@ static int run_backward(struct backend *be, shape s, int reps)
     return !same;
 }
 
-/* The deterministic backward alone at one shape under larger dP bounds than the default (issue 31:
- * what a bigger workspace buys): milliseconds and TFLOP/s per bound. */
-static int run_det_limits(struct backend *be, shape s, int reps)
+/* The deterministic backward alone at one shape in other calls than the default bound's (issue 31:
+ * whether more heads per call, longer chunks or both buy speed): ng KV heads a call in chunks of at
+ * most rows rows, ng = 0 the default; milliseconds, TFLOP/s and each call's dP. */
+static int run_det_tilings(struct backend *be, shape s, int reps)
 {
     struct bufs bb;
     if (bufs_alloc(be, s, &bb) != 0)
         return 1;
     const struct backend_ops *o = be->ops;
-    cudaStream_t st = cuda_ctx_of(be)->compute;
+    struct cuda_ctx *cx = cuda_ctx_of(be);
     o->attention_fwd(be, bb.out, bb.lse, bb.q, bb.k, bb.v, NULL, s.B, s.T, s.Hq, s.Hkv, s.D);
     bool was = be->deterministic;
     be->deterministic = true;
     double flops = 2.5 * 4.0 * s.B * s.Hq * (double)s.T * s.T * s.D / 2.0;
-    for (size_t gib : {1, 2, 4, 8}) {
-        backend_cuda_set_attention_tile_limit(be, gib << 30);
-        float ms = time_ms(st, 1, reps, [&] {
+    static const int shapes[][2] = {{0, 0}, {2, 16384}, {4, 8192}, {8, 4096}, {1, 32768}, {4, 16384}, {8, 8192},
+                                    {2, 32768}, {8, 16384}};
+    for (const auto &sh : shapes) {
+        struct attn_tiling t;
+        if (sh[0])
+            attn_tiling_chunked(s.B, s.T, s.Hq, s.Hkv, sh[0], sh[1], &t);
+        else
+            attn_tiling_choose(s.B, s.T, s.Hq, s.Hkv, cx->attn_tile_limit, &t);
+        cx->attn_tile_ng = sh[0];
+        cx->attn_tile_rows = sh[1];
+        float ms = time_ms(cx->compute, 1, reps, [&] {
             o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T,
                              s.Hq, s.Hkv, s.D);
         });
-        printf("attention backward B=%d T=%d deterministic, dP bound %zu GiB: %.3f ms %.1f TFLOP/s\n", s.B, s.T, gib,
-               ms, flops / ms * 1e-9);
+        printf("attention backward B=%d T=%d deterministic, calls of %d KV heads x %d rows (%d chunks, %zu MiB of "
+               "dP)%s: %.3f ms %.1f TFLOP/s\n",
+               s.B, s.T, t.ng, t.chunk, t.nchunks, attn_tiling_dp_bytes(&t) >> 20, sh[0] ? "" : " (default)", ms,
+               flops / ms * 1e-9);
     }
-    backend_cuda_set_attention_tile_limit(be, ATTN_TILE_WORKSPACE_DEFAULT);
+    cx->attn_tile_ng = cx->attn_tile_rows = 0;
     be->deterministic = was;
     void *bufs[] = {bb.q, bb.k, bb.v, bb.out, bb.dout, bb.dq, bb.dk, bb.dv, bb.lse};
     for (void *p : bufs)
@@ -308,8 +319,8 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "backward")) { /* issue 31's table: 4K, 32K, 128K */
         int rc = run_backward(&be, {2, 4096, 16, 8, 128}, 10) | run_backward(&be, {1, 32768, 16, 8, 128}, 3) |
                  run_backward(&be, {1, 131072, 16, 8, 128}, 1);
-        if (argc > 2 && !strcmp(argv[2], "bounds")) /* `backward bounds`: the deterministic one under larger bounds */
-            rc |= run_det_limits(&be, {1, 32768, 16, 8, 128}, 3) | run_det_limits(&be, {1, 131072, 16, 8, 128}, 1);
+        if (argc > 2 && !strcmp(argv[2], "tilings")) /* `backward tilings`: the deterministic one in other calls */
+            rc |= run_det_tilings(&be, {1, 32768, 16, 8, 128}, 3) | run_det_tilings(&be, {1, 131072, 16, 8, 128}, 1);
         backend_cuda_free(&be);
         return rc;
     }

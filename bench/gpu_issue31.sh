@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 31 in one GPU-host call, from the repo root: the deterministic attention backward (op parity
-# and `bench_attention backward bounds`, as bench/gpu_detattn.sh), then the step rows of
+# and `bench_attention backward tilings`, as bench/gpu_detattn.sh), then the step rows of
 # bench/gpu_planner.sh's ISSUE31 mode (deterministic, auto plans, predicted against measured) with the
 # FSDP2 peer beside 64k 8 x 2 and 32K. ROWS picks the step rows (default "64k_8x2 32k 8k 64k_2x8
 # 131k"); DEADLINE caps the call's seconds; SKIP_OPS=1 skips the op parity test. Logs under $OUT (or .gpuout/), summary in summary.log.
@@ -12,9 +12,9 @@ if [ -z "${SKIP_OPS:-}" ]; then # SKIP_OPS=1: the caller ran the op parity test 
     grep -E 'NOT BIT|non-finite|has no .*plan|cuDNN deterministic|execute' "$out/backend_ops.log" | sort | uniq -c |
         head -20 | tee -a "$out/summary.log"
 fi
-SLIDEDP_VERBOSE_ATTENTION=1 timeout ${BWD_S:-150} stdbuf -oL "$build/bench/bench_attention" backward bounds \
+SLIDEDP_VERBOSE_ATTENTION=1 timeout ${BWD_S:-150} stdbuf -oL "$build/bench/bench_attention" backward tilings \
     > "$out/bench_backward.log" 2>&1
-log "bench_attention backward bounds exit $?"
+log "bench_attention backward tilings exit $?"
 grep -E '^attention backward|has no|deterministic tile|cuDNN' "$out/bench_backward.log" | sort | uniq -c |
     tee -a "$out/summary.log"
 

@@ -53,10 +53,14 @@ void attn_tiling_choose(int B, int T, int Hq, int Hkv, size_t limit, struct attn
     }
     /* one KV head a call (its sums over the sequence are then the smallest), in equal chunks no
      * longer than the longest that fits */
-    int longest = longest_chunk(G, limit, T);
+    attn_tiling_chunked(B, T, Hq, Hkv, 1, longest_chunk(G, limit, T), t);
+}
+
+void attn_tiling_chunked(int B, int T, int Hq, int Hkv, int ng, int longest, struct attn_tiling *t)
+{
+    *t = (struct attn_tiling){.B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .nb = 1, .ng = ng, .chunk = T, .nchunks = 1};
     int n = (T + longest - 1) / longest;
-    t->ng = 1;
-    if (n == 1) /* a sequence shorter than one tile that does not fit */
+    if (n == 1) /* a sequence shorter than one tile */
         return;
     t->chunk = (int)pad_rows((T + n - 1) / n);
     t->nchunks = (T + t->chunk - 1) / t->chunk;

@@ -51,6 +51,10 @@ size_t attn_tile_dp_bytes(int nb, int hq, int tq, int tk);
 /* The tiling for B sequences of T tokens whose calls keep dP within limit bytes (chunks never
  * shorter than ATTN_TILE_ROWS, so a limit below one such tile is exceeded by that tile). */
 void attn_tiling_choose(int B, int T, int Hq, int Hkv, size_t limit, struct attn_tiling *t);
+/* Calls of ng KV heads (a divisor of Hkv) in equal chunks of at most longest rows (a multiple of
+ * ATTN_TILE_ROWS), one batch entry each, whatever dP they take: attn_tiling_choose's last resort at
+ * one head, and bench_attention's other shapes. */
+void attn_tiling_chunked(int B, int T, int Hq, int Hkv, int ng, int longest, struct attn_tiling *t);
 /* The scratch of the calls, offsets in bytes: cuDNN's workspace first, then a call's lse (copied
  * compact) and row sums, and when chunked a tile's fp32 partial dQ, dK, dV and their sums (dQ over a
  * query chunk, dK and dV over the whole sequence); each piece 256-byte aligned, 0 when unused. */

@@ -2,7 +2,8 @@
  * key) pair of every batch entry and KV head in exactly one call and no other pair; the sums' flags
  * bracket exactly the calls that feed them; each call's dP within the bound; the scratch pieces
  * apart and large enough, and within the planner's bound, which grows with T; and the tilings the
- * bench shapes get at the default bound. */
+ * bench shapes get at the default bound; the same walk over chunked calls of several KV heads
+ * (attn_tiling_chunked). */
 #include "tests/testutil.h"
 
 #include <stdlib.h>
@@ -12,16 +13,18 @@
 
 #define D 128
 
-/* Walks the calls of one tiling as attention_det.cu does, with counters in place of the sums. */
-static void check_tiling(int B, int T, int Hq, int Hkv, size_t limit)
+/* Walks the calls of one tiling as attention_det.cu does, with counters in place of the sums; limit
+ * the bound it was chosen for (0: none, a tiling given by its heads and rows). */
+static void check_calls(const struct attn_tiling *tiling, size_t limit)
 {
-    struct attn_tiling t;
-    attn_tiling_choose(B, T, Hq, Hkv, limit, &t);
-    const int G = Hq / Hkv;
+    const struct attn_tiling t = *tiling;
+    const int B = t.B, T = t.T, Hq = t.Hq, Hkv = t.Hkv, G = Hq / Hkv;
     const size_t floor_dp = attn_tile_dp_bytes(1, G, ATTN_TILE_ROWS, ATTN_TILE_ROWS);
     assert_true(t.nb >= 1 && t.nb <= B && B % t.nb == 0);
     assert_true(t.ng >= 1 && t.ng <= Hkv && Hkv % t.ng == 0);
-    assert_true(t.nchunks == 1 ? t.chunk == T : t.chunk % ATTN_TILE_ROWS == 0 && t.nb == 1 && t.ng == 1);
+    assert_true(t.nchunks == 1 ? t.chunk == T : t.chunk % ATTN_TILE_ROWS == 0 && t.nb == 1);
+    if (limit > 0 && t.nchunks > 1)
+        assert_int_equal(t.ng, 1); /* chosen chunks take one KV head a call */
     assert_true((t.nchunks - 1) * t.chunk < T && t.nchunks * t.chunk >= T);
 
     /* pairs[((b * Hkv + g) * T + i) * T + j]: the calls that took query i and key j */
@@ -41,7 +44,7 @@ static void check_tiling(int B, int T, int Hq, int Hkv, size_t limit)
 
     struct attn_tile_scratch priced;
     attn_tiling_scratch(&t, D, attn_tiling_dp_bytes(&t) + ((size_t)1 << 20), &priced);
-    if (limit >= floor_dp)
+    if (limit > 0 && limit >= floor_dp)
         assert_true(priced.total <= attn_tiling_scratch_bound(B, T, Hq, Hkv, D, limit));
     bool group_open = false, chunk_open = false;
     int chunk_q0 = -1, chunk_tq = 0, calls = 0;
@@ -56,7 +59,7 @@ static void check_tiling(int B, int T, int Hq, int Hkv, size_t limit)
             assert_true(c.k0 + c.tk <= c.q0); /* every pair of the tile is causal */
         size_t dp = attn_tile_dp_bytes(c.nb, c.ng * G, c.tq, c.tk);
         assert_true(dp <= attn_tiling_dp_bytes(&t));
-        if (limit >= floor_dp)
+        if (limit > 0 && limit >= floor_dp)
             assert_true(dp <= limit);
         /* scratch: the call's lse and row sums, and in chunks its partial outputs and the sums */
         size_t rows = (size_t)c.nb * c.ng * G * c.tq * 4;
@@ -118,6 +121,23 @@ static void check_tiling(int B, int T, int Hq, int Hkv, size_t limit)
     free(dk_keys);
 }
 
+static void check_tiling(int B, int T, int Hq, int Hkv, size_t limit)
+{
+    struct attn_tiling t;
+    attn_tiling_choose(B, T, Hq, Hkv, limit, &t);
+    check_calls(&t, limit);
+}
+
+/* Calls of several KV heads in chunks (attn_tiling_chunked, as bench_attention asks for them). */
+static void check_chunked(int B, int T, int Hq, int Hkv, int ng, int rows)
+{
+    struct attn_tiling t;
+    attn_tiling_chunked(B, T, Hq, Hkv, ng, rows, &t);
+    assert_int_equal(t.ng, ng);
+    assert_true(t.chunk <= rows || t.nchunks == 1);
+    check_calls(&t, 0);
+}
+
 /* Every branch: whole batches, some batch entries, some heads, chunks (even and uneven; one KV
  * head a call), a sequence shorter than a tile that does not fit. */
 static void test_calls_cover_causal_pairs_once(void **state)
@@ -131,6 +151,10 @@ static void test_calls_cover_causal_pairs_once(void **state)
     check_tiling(1, 1000, 6, 3, 1500 * KiB);     /* uneven chunks of 512 */
     check_tiling(2, 40, 4, 2, 1 * KiB);          /* shorter than a tile, nothing fits */
     check_tiling(1, 1, 2, 1, 1 * KiB);
+    check_chunked(2, 300, 8, 4, 2, 128); /* two KV heads a call, uneven chunks */
+    check_chunked(1, 1000, 16, 8, 4, 256);
+    check_chunked(1, 513, 16, 8, 8, 64); /* every head */
+    check_chunked(2, 100, 8, 2, 2, 128); /* one chunk */
     uint64_t rng = tu_seed("test_attn_tiles", 31);
     for (int n = 0; n < 40; n++) {
         static const int heads[][2] = {{2, 1}, {4, 2}, {8, 2}, {6, 3}, {4, 4}};

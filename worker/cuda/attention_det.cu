@@ -51,7 +51,10 @@ bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, 
     struct cuda_ctx *cx = cuda_ctx_of(be);
     cudaStream_t st = cx->compute;
     struct attn_tiling t;
-    attn_tiling_choose(B, T, Hq, Hkv, cx->attn_tile_limit, &t);
+    if (cx->attn_tile_ng > 0 && Hkv % cx->attn_tile_ng == 0)
+        attn_tiling_chunked(B, T, Hq, Hkv, cx->attn_tile_ng, cx->attn_tile_rows, &t);
+    else
+        attn_tiling_choose(B, T, Hq, Hkv, cx->attn_tile_limit, &t);
     const int G = Hq / Hkv;
     const bool chunked = t.nchunks > 1;
     auto tile_of = [&](const struct attn_tile_call &c) {

@@ -78,6 +78,7 @@ struct cuda_ctx {
     void *scratch;                /* per-op device scratch (partials, attention row terms) */
     size_t scratch_bytes;
     size_t attn_tile_limit;       /* the deterministic attention backward's dP bound (attn_tiles.h) */
+    int attn_tile_ng, attn_tile_rows; /* bench_attention: calls of these KV heads and rows instead (0: the bound's) */
     struct cuda_docs docs;
 };
 
