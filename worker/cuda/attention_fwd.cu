@@ -271,6 +271,9 @@ static void docs_prepare(struct backend *be, int32_t *dst, const int32_t *pos, i
         n += pos[i] == 0;
         longest = pos[i] + 1 > longest ? pos[i] + 1 : longest;
     }
+    /* short documents: cuDNN's tiles are mostly padding, the built-in kernels' 32-key tiles are not */
+    if (n == 0 || (double)N / n < cuda_ctx_of(be)->docs_cudnn_min_mean)
+        return;
     int entries = pow2_at_least(n);
     size_t bytes = seq_bytes(entries) + 4 * (size_t)(entries + 1) * sizeof(int64_t);
     if (bytes > d->table_bytes) {
