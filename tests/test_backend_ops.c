@@ -732,7 +732,7 @@ static void test_cuda_vs_cpu(void **state)
     }
     assert_int_equal(backend_cpu_init(&cpu), 0);
     printf("# cuda device: %s\n", cuda.device_name);
-    backend_cuda_set_docs_cudnn_min_mean(&cuda, 0); /* the document cases' short documents take cuDNN's too */
+    backend_cuda_set_docs_cudnn_min_length(&cuda, 0); /* the document cases' short documents take cuDNN's too */
     assert_int_equal(run_table(&cuda, &cpu, CUDA_TOL, true), 0);
     /* deterministic: the attention backward of windows takes cuDNN's deterministic engine (else the
      * built-in kernels), documents the built-in kernels */

@@ -202,7 +202,7 @@ static void test_fixtures_cuda(void **state)
     struct backend be;
     if (backend_cuda_init(&be, 0, 0) != 0)
         fail_msg("%s", sd_errmsg());
-    backend_cuda_set_docs_cudnn_min_mean(&be, 0); /* cuDNN's kernels on these short documents too */
+    backend_cuda_set_docs_cudnn_min_length(&be, 0); /* cuDNN's kernels on these short documents too */
     const char *det = getenv("SLIDEDP_DOCATTN_DETERMINISTIC");
     be.deterministic = !det || strcmp(det, "0") != 0;
     printf("# CUDA, deterministic %d\n", be.deterministic);

@@ -200,10 +200,10 @@ void backend_cuda_free(struct backend *be);
 /* The bound on the dP workspace of the deterministic attention backward's cuDNN calls (default
  * ATTN_TILE_WORKSPACE_DEFAULT, common/attn_tiles.h); tests set it small to cut calls into tiles. */
 void backend_cuda_set_attention_tile_limit(struct backend *be, size_t bytes);
-/* Document windows whose documents average fewer tokens than this run the built-in attention
- * kernels, the others cuDNN's over a table of the documents (default CUDA_DOCS_CUDNN_MIN_MEAN,
- * worker/cuda/cuda_common.cuh); tests set 0 to take cuDNN's on any documents. */
-void backend_cuda_set_docs_cudnn_min_mean(struct backend *be, int tokens);
+/* Document windows whose documents are shorter than this (the token-weighted mean length) run the
+ * built-in attention kernels, the others cuDNN's over a table of the documents (default
+ * CUDA_DOCS_CUDNN_MIN_LENGTH, worker/cuda/cuda_common.cuh); tests set 0 to take cuDNN's on any. */
+void backend_cuda_set_docs_cudnn_min_length(struct backend *be, int tokens);
 #endif
 
 #endif

@@ -267,12 +267,15 @@ static void docs_prepare(struct backend *be, int32_t *dst, const int32_t *pos, i
     d->pos = NULL;
     size_t N = (size_t)B * T;
     int n = 0, longest = 1;
+    double squares = 0; /* the sum of the documents' squared lengths */
     for (size_t i = 0; i < N; i++) {
         n += pos[i] == 0;
         longest = pos[i] + 1 > longest ? pos[i] + 1 : longest;
+        if (i + 1 == N || pos[i + 1] == 0)
+            squares += ((double)pos[i] + 1) * ((double)pos[i] + 1);
     }
     /* short documents: cuDNN's tiles are mostly padding, the built-in kernels' 32-key tiles are not */
-    if (n == 0 || (double)N / n < cuda_ctx_of(be)->docs_cudnn_min_mean)
+    if (n == 0 || squares / (double)N < cuda_ctx_of(be)->docs_cudnn_min_length)
         return;
     int entries = pow2_at_least(n);
     size_t bytes = seq_bytes(entries) + 4 * (size_t)(entries + 1) * sizeof(int64_t);

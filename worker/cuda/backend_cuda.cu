@@ -487,7 +487,7 @@ extern "C" int backend_cuda_init(struct backend *be, int device, size_t mem_budg
     be->peak_flops = peak_bf16(&prop, clock_khz);
     be->deterministic = false;
     cx->attn_tile_limit = ATTN_TILE_WORKSPACE_DEFAULT;
-    cx->docs_cudnn_min_mean = CUDA_DOCS_CUDNN_MIN_MEAN;
+    cx->docs_cudnn_min_length = CUDA_DOCS_CUDNN_MIN_LENGTH;
     return 0;
 }
 
@@ -496,9 +496,9 @@ extern "C" void backend_cuda_set_attention_tile_limit(struct backend *be, size_t
     cuda_ctx_of(be)->attn_tile_limit = bytes;
 }
 
-extern "C" void backend_cuda_set_docs_cudnn_min_mean(struct backend *be, int tokens)
+extern "C" void backend_cuda_set_docs_cudnn_min_length(struct backend *be, int tokens)
 {
-    cuda_ctx_of(be)->docs_cudnn_min_mean = tokens;
+    cuda_ctx_of(be)->docs_cudnn_min_length = tokens;
 }
 
 extern "C" void backend_cuda_free(struct backend *be)

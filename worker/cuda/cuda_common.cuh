@@ -47,11 +47,13 @@ struct cuda_alloc {
  * attention (attention_cudnn.h): `table` on the device holds seq (entries int32, padded to 8
  * bytes), then four int64 arrays of entries + 1: each document's first token, and the element
  * offsets off_q, off_kv, off_stats that cuda_docs_offsets scales from it for a head layout. */
-/* The mean document length (tokens per document, padding included) from which document windows
- * take cuDNN's kernels: at Qwen3-1.7B's heads, B=2 T=4096 on an H100 (docs/performance.md §11),
- * forward + backward not deterministic, documents of 64 tokens ran 0.509 ms on cuDNN's and 0.269 on
- * the built-in kernels, of 256 0.399 and 0.357, of a lognormal mix averaging 819 0.718 and 1.173. */
-#define CUDA_DOCS_CUDNN_MIN_MEAN 512
+/* The length of the document an average token is in (sum of squared lengths over tokens; a row's
+ * padding counts as part of its last document) from which document windows take cuDNN's kernels:
+ * at Qwen3-1.7B's heads, B=2 T=4096 on an H100 (docs/performance.md §11), forward + backward not
+ * deterministic, documents of 64 tokens ran 0.509 ms on cuDNN's and 0.269 on the built-in kernels,
+ * of 256 0.399 and 0.357, a lognormal mix (10 documents, mean 819) 0.718 and 1.173. Weighted by
+ * tokens because a few long documents hold most of the pairs. */
+#define CUDA_DOCS_CUDNN_MIN_LENGTH 512
 
 struct cuda_docs {
     const int32_t *pos;  /* the device positions described; NULL: none */
@@ -85,8 +87,8 @@ struct cuda_ctx {
     size_t scratch_bytes;
     size_t attn_tile_limit;       /* the deterministic attention backward's dP bound (attn_tiles.h) */
     int attn_tile_ng, attn_tile_rows; /* bench_attention: calls of these KV heads and rows instead (0: the bound's) */
-    int docs_cudnn_min_mean;      /* document windows take cuDNN's kernels when their documents average at
-                                   * least this many tokens, else the built-in ones (attention_fwd.cu) */
+    int docs_cudnn_min_length;    /* document windows take cuDNN's kernels from this token-weighted mean
+                                   * document length (CUDA_DOCS_CUDNN_MIN_LENGTH), else the built-in ones */
     struct cuda_docs docs;
 };
 
