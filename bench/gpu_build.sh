@@ -25,6 +25,12 @@ mkdir -p "$out" "$sysroot"
 export PATH=/usr/local/cuda/bin:$PATH
 log() { echo "$*" | tee -a "$out/summary.log"; }
 : > "$out/summary.log"
+# The device tool brings back at most 8 files from $OUT: on exit the script's logs go into one
+# archive, logs-<script>.tar.gz, and the summaries stay beside it.
+pack_logs() {
+    (cd "$out" && ls | grep -v -e '^summary' -e '\.tar\.gz$' | tar czf "logs-$(basename "$0" .sh).tar.gz" -T - --remove-files)
+}
+trap pack_logs EXIT
 
 # ---- build ----
 {
