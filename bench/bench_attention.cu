@@ -59,6 +59,13 @@ struct bufs {
     float *lse;
 };
 
+static void bufs_free(struct backend *be, struct bufs *b)
+{
+    void *all[] = {b->q, b->k, b->v, b->out, b->dout, b->dq, b->dk, b->dv, b->lse};
+    for (void *p : all)
+        be->ops->free(be, p);
+}
+
 static int bufs_alloc(struct backend *be, shape s, struct bufs *b)
 {
     const struct backend_ops *o = be->ops;
@@ -116,9 +123,7 @@ static int run(struct backend *be, shape s)
            (flops_f + flops_b) / t_fb * 1e-9, bad ? "  NON-FINITE dq" : "");
     printf("RESULT attention_fwd_B%d_T%d %.1f\nRESULT attention_fwdbwd_B%d_T%d %.1f\n", s.B, s.T, flops_f / t_f * 1e-9,
            s.B, s.T, (flops_f + flops_b) / t_fb * 1e-9);
-    void *bufs[] = {q, k, v, out, dout, dq, dk, dv, lse};
-    for (void *p : bufs)
-        o->free(be, p);
+    bufs_free(be, &bb);
     return bad != 0;
 }
 
@@ -170,9 +175,7 @@ static int run_backward(struct backend *be, shape s, int reps)
            tf(t_fused), same ? "bit-identical" : "DIFFERS");
     printf("RESULT attn_bwd_det_T%d %.1f\nRESULT attn_bwd_builtin_T%d %.1f\nRESULT attn_bwd_fused_T%d %.1f\n", s.T,
            tf(t_det), s.T, tf(t_builtin), s.T, tf(t_fused));
-    void *bufs[] = {bb.q, bb.k, bb.v, bb.out, bb.dout, bb.dq, bb.dk, bb.dv, bb.lse};
-    for (void *p : bufs)
-        o->free(be, p);
+    bufs_free(be, &bb);
     return !same;
 }
 
@@ -193,13 +196,10 @@ static int run_det_tilings(struct backend *be, shape s, int reps)
     static const int shapes[][2] = {{0, 0}, {2, 16384}, {4, 8192}, {8, 4096}, {1, 32768}, {4, 16384}, {8, 8192},
                                     {2, 32768}, {8, 16384}};
     for (const auto &sh : shapes) {
-        struct attn_tiling t;
-        if (sh[0])
-            attn_tiling_chunked(s.B, s.T, s.Hq, s.Hkv, sh[0], sh[1], &t);
-        else
-            attn_tiling_choose(s.B, s.T, s.Hq, s.Hkv, cx->attn_tile_limit, &t);
         cx->attn_tile_ng = sh[0];
         cx->attn_tile_rows = sh[1];
+        struct attn_tiling t;
+        cuda_attention_tiling(be, s.B, s.T, s.Hq, s.Hkv, &t);
         float ms = time_ms(cx->compute, 1, reps, [&] {
             o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T,
                              s.Hq, s.Hkv, s.D);
@@ -211,9 +211,7 @@ static int run_det_tilings(struct backend *be, shape s, int reps)
     }
     cx->attn_tile_ng = cx->attn_tile_rows = 0;
     be->deterministic = was;
-    void *bufs[] = {bb.q, bb.k, bb.v, bb.out, bb.dout, bb.dq, bb.dk, bb.dv, bb.lse};
-    for (void *p : bufs)
-        o->free(be, p);
+    bufs_free(be, &bb);
     return 0;
 }
 
@@ -302,9 +300,9 @@ static int run_documents(struct backend *be, shape s, const char *mix)
                "RESULT dense_fwdbwd_ms_%s_%s %.3f\n",
                mix, mode, t_doc, mix, mode, t_builtin, mix, mode, t_dense);
     }
-    void *bufs[] = {q, k, v, out, dout, dq, dk, dv, lse, pos, pos_plain};
-    for (void *p : bufs)
-        o->free(be, p);
+    bufs_free(be, &bb);
+    o->free(be, pos);
+    o->free(be, pos_plain);
     return 0;
 }
 

@@ -40,6 +40,15 @@ static void tile_store(cudaStream_t st, bf16 *dst, size_t stride, const float *s
     CUDA_CHECK(cudaGetLastError());
 }
 
+void cuda_attention_tiling(struct backend *be, int B, int T, int Hq, int Hkv, struct attn_tiling *t)
+{
+    const struct cuda_ctx *cx = cuda_ctx_of(be);
+    if (cx->attn_tile_ng > 0 && Hkv % cx->attn_tile_ng == 0)
+        attn_tiling_chunked(B, T, Hq, Hkv, cx->attn_tile_ng, cx->attn_tile_rows, t);
+    else
+        attn_tiling_choose(B, T, Hq, Hkv, cx->attn_tile_limit, t);
+}
+
 bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
                               const void *k, const void *v, const void *out, const float *lse, int B, int T, int Hq,
                               int Hkv, int D)
@@ -51,10 +60,7 @@ bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, 
     struct cuda_ctx *cx = cuda_ctx_of(be);
     cudaStream_t st = cx->compute;
     struct attn_tiling t;
-    if (cx->attn_tile_ng > 0 && Hkv % cx->attn_tile_ng == 0)
-        attn_tiling_chunked(B, T, Hq, Hkv, cx->attn_tile_ng, cx->attn_tile_rows, &t);
-    else
-        attn_tiling_choose(B, T, Hq, Hkv, cx->attn_tile_limit, &t);
+    cuda_attention_tiling(be, B, T, Hq, Hkv, &t);
     const int G = Hq / Hkv;
     const bool chunked = t.nchunks > 1;
     auto tile_of = [&](const struct attn_tile_call &c) {

@@ -43,10 +43,6 @@ struct cuda_alloc {
     size_t bytes;
 };
 
-/* The documents of the positions last uploaded with upload_positions, for cuDNN's document
- * attention (attention_cudnn.h): `table` on the device holds seq (entries int32, padded to 8
- * bytes), then four int64 arrays of entries + 1: each document's first token, and the element
- * offsets off_q, off_kv, off_stats that cuda_docs_offsets scales from it for a head layout. */
 /* The length of the document an average token is in (sum of squared lengths over tokens; a row's
  * padding counts as part of its last document) from which document windows take cuDNN's kernels:
  * at Qwen3-1.7B's heads, B=2 T=4096 on an H100 (docs/performance.md §11), forward + backward not
@@ -55,6 +51,10 @@ struct cuda_alloc {
  * tokens because a few long documents hold most of the pairs. */
 #define CUDA_DOCS_CUDNN_MIN_LENGTH 512
 
+/* The documents of the positions last uploaded with upload_positions, for cuDNN's document
+ * attention (attention_cudnn.h): `table` on the device holds seq (entries int32, padded to 8
+ * bytes), then four int64 arrays of entries + 1: each document's first token, and the element
+ * offsets off_q, off_kv, off_stats that cuda_docs_offsets scales from it for a head layout. */
 struct cuda_docs {
     const int32_t *pos;  /* the device positions described; NULL: none */
     int B, T;
@@ -204,9 +204,13 @@ void cuda_attention_bwd(struct backend *be, void *dq, void *dk, void *dv, const 
 void cuda_attention_bwd_builtin(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
                                 const void *k, const void *v, const void *out, const float *lse, const int32_t *pos,
                                 int B, int T, int Hq, int Hkv, int D);
-/* attention_det.cu: the deterministic backward of whole windows by cuDNN's deterministic engine, cut
+/* attention_det.cu: how the deterministic backward cuts B x T into cuDNN calls (attn_tiles.h: the
+ * bound's tiling, or the heads and rows bench_attention set); then that backward of whole windows
+ * by cuDNN's deterministic engine, cut
  * into calls by attn_tiles.h; false (nothing to undo: the caller's kernels write every output) where
  * cuDNN has no plan for a call or the scratch does not fit. */
+struct attn_tiling;
+void cuda_attention_tiling(struct backend *be, int B, int T, int Hq, int Hkv, struct attn_tiling *t);
 bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, const void *dout, const void *q,
                               const void *k, const void *v, const void *out, const float *lse, int B, int T, int Hq,
                               int Hkv, int D);
