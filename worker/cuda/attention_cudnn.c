@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- the library ---- */
 
@@ -646,12 +647,19 @@ static struct cudnn_sdpa *find_or_build(int bwd, int B, int T, int Hq, int Hkv, 
     if (!p && nplans < MAX_PLANS) {
         p = &plans[nplans++];
         *p = (struct cudnn_sdpa){.bwd = bwd, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .D = D, .tokens = tokens};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         if (bwd)
             build_bwd(&p->g, B, T, Hq, Hkv, D, tokens > 0);
         else
             build_fwd(&p->g, B, T, Hq, Hkv, D, tokens > 0);
         make_plan(p);
         plan_settle(p);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (getenv("SLIDEDP_VERBOSE_ATTENTION"))
+            fprintf(stderr, "cuda attention: cuDNN %s%s plan B=%d T=%d heads %d/%d built in %.0f ms\n",
+                    tokens ? "document " : "", bwd ? "backward" : "forward", B, T, Hq, Hkv,
+                    (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6);
     }
     pthread_mutex_unlock(&plans_mu);
     return p && p->usable ? p : NULL;
