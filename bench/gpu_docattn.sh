@@ -85,6 +85,7 @@ for det in true false; do
             "checkpoint.dir=$d/$att-$det/ckpt" train.grad_accum=8 train.steps=12 data.attention=$att \
             runtime.deterministic=$det > "$out/step_${att}_det_$det.log" 2>&1
         log "train $att attention, deterministic $det: exit $?"
+        grep -E '^plan: ' "$out/step_${att}_det_$det.log" | head -2 | sed 's/^/  /' | tee -a "$out/summary.log"
         # cuDNN plans built during the run (one per new shape; a document plan per table bucket)
         grep -o 'cuDNN .*plan B=.* built in [0-9]* ms' "$out/step_${att}_det_$det.log" | sort -k1,1 -s |
             awk '{n++; ms += $(NF-1)} END {printf "  %d cuDNN plans built, %d ms in all\n", n, ms}' | tee -a "$out/summary.log"
