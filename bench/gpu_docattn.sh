@@ -75,7 +75,7 @@ toks.append(np.zeros(1, dtype=np.uint32)); flags.append(np.zeros(1, dtype=np.uin
 t, f = np.concatenate(toks), np.concatenate(flags)
 h = np.zeros(256, dtype=np.int32); h[:3] = (20261202, 1, len(t))
 open(sys.argv[1], "wb").write(h.tobytes() + t.astype("<u4").tobytes() + f.tobytes())
-docs = int((f & 2).sum())
+docs = int(((f & 2) != 0).sum())
 print(f"docattn shard: {windows} windows, {docs} documents, mean length {len(t) / docs:.0f} tokens (padding included)")
 PY
 bench_job "$d"
