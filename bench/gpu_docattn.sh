@@ -11,7 +11,8 @@
 #      packed SFT shard of documents of lognormal lengths (mean ~600, median ~400, tail clipped at
 #      4096), with [data] attention = document against window, side by side, in each mode of
 #      runtime.deterministic (true, the default, then false).
-# PARTS="2 3" (say) runs only those parts (default "1 2 3").
+# PARTS="2 3" (say) runs only those parts (default "1 2 3"). Part 3: DOC_MU sets the lognormal's mu
+# (default 6.0; 4.6 gives mean ~160, median 100), DOC_MODES the deterministic settings (default "true false").
 # Logs under $OUT (or .gpuout/); the summary in $OUT/summary.log.
 . bench/gpu_build.sh
 
@@ -50,7 +51,7 @@ fi
 if part 3; then
 d=/tmp/docattn_bench
 rm -rf "$d" && mkdir -p "$d"
-python3 - "$d/train.bin" <<'PY'
+python3 - "$d/train.bin" "${DOC_MU:-6.0}" <<'PY'
 # An SFT shard of packed 4096-token windows: documents of lognormal lengths exp(N(6.0, 0.9)) (mean
 # ~605, median ~403) clipped at 4096, laid greedily; every token but a document's first is a target.
 import sys, numpy as np
@@ -60,7 +61,7 @@ toks, flags = [], []
 for _ in range(windows):
     used = 0
     while True:
-        n = int(min(T, np.ceil(np.exp(rng.normal(6.0, 0.9)))))
+        n = int(min(T, np.ceil(np.exp(rng.normal(float(sys.argv[2]), 0.9)))))
         if used + n > T:
             break
         toks.append(rng.integers(0, 151936, size=n, dtype=np.uint32))
@@ -79,7 +80,7 @@ docs = int(((f & 2) != 0).sum())
 print(f"docattn shard: {windows} windows, {docs} documents, mean length {len(t) / docs:.0f} tokens (padding included)")
 PY
 bench_job "$d"
-for det in true false; do
+for det in ${DOC_MODES:-true false}; do
     for att in document window; do
         SLIDEDP_VERBOSE_ATTENTION=1 timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" "log.dir=$d/$att-$det/log" \
             "checkpoint.dir=$d/$att-$det/ckpt" train.grad_accum=8 train.steps=12 data.attention=$att \
@@ -91,9 +92,9 @@ for det in true false; do
             awk '{n++; ms += $(NF-1)} END {printf "  %d cuDNN plans built, %d ms in all\n", n, ms}' | tee -a "$out/summary.log"
     done
 done
-python3 - "$d" <<'PY' | tee -a "$out/summary.log"
+python3 - "$d" "${DOC_MODES:-true false}" "${DOC_MU:-6.0}" <<'PY' | tee -a "$out/summary.log"
 import json, statistics, sys
-for det in ("true", "false"):
+for det in sys.argv[2].split():
     r, each = {}, {}
     for att in ("document", "window"):
         try:
@@ -103,7 +104,7 @@ for det in ("true", "false"):
         except (OSError, ValueError, KeyError):
             r[att], each[att] = float("nan"), ""
         print(f"  {att}, deterministic {det}, every step: {each[att]}")
-    print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mean ~600), deterministic {det}: "
+    print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mu {float(sys.argv[3]):.1f}), deterministic {det}: "
           f"median step (steps 4-12) document {r['document']:.3f} s, window {r['window']:.3f} s, "
           f"window/document {r['window'] / r['document']:.2f}")
 PY
