@@ -13,9 +13,16 @@ IFS=';' read -r -a configs <<< "${CONFIGS:-train.micro_batch=2;train.micro_batch
 for cfg in "${configs[@]}"; do
     log "== $cfg"
     rm -rf "$w/log" "$w/ckpt"
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > "$out/tl_util.log" 2>&1 &
+    smi=$!
     timeout 150 "$build/slidedp-launch" "${job_args[@]}" $cfg > "$out/tl_run.log" 2>&1 &
+    launch=$!
     timeout 160 python3 bench/timeline.py "$build/slidedp-stat" 3 2>&1 | tee -a "$out/summary.log"
-    wait
+    wait $launch; kill $smi; wait $smi
+    # the GPU's busy share (nvidia-smi: a kernel ran in the sample) over the run's second half
+    awk '/^[0-9]+$/ {u[n++] = $1} END {for (i = int(n / 2); i < n; i++) s += u[i];
+        if (n) printf "GPU busy %.0f%% of %d samples (second half of the run)\n", s / (n - int(n / 2)), n - int(n / 2)}' \
+        "$out/tl_util.log" | tee -a "$out/summary.log"
     grep -E "^plan: predicted|^step +(5|6|7|8)/" "$out/tl_run.log" | tee -a "$out/summary.log"
 done
 
