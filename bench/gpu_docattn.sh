@@ -11,8 +11,9 @@
 #      packed SFT shard of documents of lognormal lengths (mean ~600, median ~400, tail clipped at
 #      4096), with [data] attention = document against window, side by side, in each mode of
 #      runtime.deterministic (true, the default, then false).
-# PARTS="2 3" (say) runs only those parts (default "1 2 3"). Part 3: DOC_MU sets the lognormal's mu
-# (default 6.0; 4.6 gives mean ~160, median 100), DOC_MODES the deterministic settings (default "true false").
+# PARTS="2 3" (say) runs only those parts (default "1 2 3"). Part 3: DOC_MU lists the lognormal's mu
+# of each length mix (default 6.0; 4.6 gives mean ~150, median 100), DOC_MODES the deterministic
+# settings (default "true false"), DOC_ROUNDS how many times each pair runs (default 1).
 # Logs under $OUT (or .gpuout/); the summary in $OUT/summary.log.
 . bench/gpu_build.sh
 
@@ -51,8 +52,10 @@ fi
 if part 3; then
 d=/tmp/docattn_bench
 rm -rf "$d" && mkdir -p "$d"
-python3 - "$d/train.bin" "${DOC_MU:-6.0}" <<'PY'
-# An SFT shard of packed 4096-token windows: documents of lognormal lengths exp(N(6.0, 0.9)) (mean
+rounds=${DOC_ROUNDS:-1}
+for mu in ${DOC_MU:-6.0}; do
+python3 - "$d/train-$mu.bin" "$mu" <<'PY'
+# An SFT shard of packed 4096-token windows: documents of lognormal lengths exp(N(mu, 0.9)) (mu 6.0: mean
 # ~605, median ~403) clipped at 4096, laid greedily; every token but a document's first is a target.
 import sys, numpy as np
 rng = np.random.default_rng(30)
@@ -81,31 +84,42 @@ print(f"docattn shard: {windows} windows, {docs} documents, mean length {len(t) 
 PY
 bench_job "$d"
 for det in ${DOC_MODES:-true false}; do
-    for att in document window; do
-        SLIDEDP_VERBOSE_ATTENTION=1 timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" "log.dir=$d/$att-$det/log" \
-            "checkpoint.dir=$d/$att-$det/ckpt" train.grad_accum=8 train.steps=12 data.attention=$att \
-            runtime.deterministic=$det > "$out/step_${att}_det_$det.log" 2>&1
-        log "train $att attention, deterministic $det: exit $?"
-        grep -E '^plan: ' "$out/step_${att}_det_$det.log" | head -2 | sed 's/^/  /' | tee -a "$out/summary.log"
-        # cuDNN plans built during the run (one per new shape; a document plan per table bucket)
-        grep -o 'cuDNN .*plan B=.* built in [0-9]* ms' "$out/step_${att}_det_$det.log" | sort -k1,1 -s |
-            awk '{n++; ms += $(NF-1)} END {printf "  %d cuDNN plans built, %d ms in all\n", n, ms}' | tee -a "$out/summary.log"
+    for round in $(seq "$rounds"); do
+        # the two settings alternate which runs first, round by round, so that a drift of the host
+        # weighs on both
+        order="document window"
+        [ $((round % 2)) = 0 ] && order="window document"
+        for att in $order; do
+            run=$mu-$att-$det-$round
+            SLIDEDP_VERBOSE_ATTENTION=1 timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" \
+                "data.train=$d/train-$mu.bin" "log.dir=$d/$run/log" "checkpoint.dir=$d/$run/ckpt" train.grad_accum=8 \
+                train.steps=12 data.attention=$att runtime.deterministic=$det > "$out/step_$run.log" 2>&1
+            log "train mu $mu, $att attention, deterministic $det, round $round: exit $?"
+            grep -E '^plan: ' "$out/step_$run.log" | head -2 | sed 's/^/  /' | tee -a "$out/summary.log"
+            # cuDNN plans built during the run (one per new shape; a document plan per table bucket)
+            grep -o 'cuDNN .*plan B=.* built in [0-9]* ms' "$out/step_$run.log" |
+                awk '{n++; ms += $(NF-1)} END {printf "  %d cuDNN plans built, %d ms in all\n", n, ms}' | tee -a "$out/summary.log"
+        done
     done
 done
-python3 - "$d" "${DOC_MODES:-true false}" "${DOC_MU:-6.0}" <<'PY' | tee -a "$out/summary.log"
+python3 - "$d" "${DOC_MODES:-true false}" "$mu" "$rounds" <<'PY' | tee -a "$out/summary.log"
 import json, statistics, sys
-for det in sys.argv[2].split():
-    r, each = {}, {}
+d, modes, mu, rounds = sys.argv[1], sys.argv[2].split(), sys.argv[3], int(sys.argv[4])
+for det in modes:
+    r = {}
     for att in ("document", "window"):
-        try:
-            steps = [json.loads(l) for l in open(f"{sys.argv[1]}/{att}-{det}/log/metrics.jsonl") if l.strip()]
-            r[att] = statistics.median(s["step_s"] for s in steps[3:])
-            each[att] = " ".join(f"{s['step_s']:.2f}" for s in steps)
-        except (OSError, ValueError, KeyError):
-            r[att], each[att] = float("nan"), ""
-        print(f"  {att}, deterministic {det}, every step: {each[att]}")
-    print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mu {float(sys.argv[3]):.1f}), deterministic {det}: "
-          f"median step (steps 4-12) document {r['document']:.3f} s, window {r['window']:.3f} s, "
+        pooled = []
+        for k in range(1, rounds + 1):
+            try:
+                steps = [json.loads(l)["step_s"] for l in open(f"{d}/{mu}-{att}-{det}-{k}/log/metrics.jsonl") if l.strip()]
+            except (OSError, ValueError, KeyError):
+                steps = []
+            pooled += steps[3:]
+            print(f"  {att}, deterministic {det}, round {k}, every step: {' '.join(f'{x:.2f}' for x in steps)}")
+        r[att] = statistics.median(pooled) if pooled else float("nan")
+    print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mu {float(mu):.1f}), deterministic {det}: "
+          f"median step (steps 4-12 of {rounds} round(s)) document {r['document']:.3f} s, window {r['window']:.3f} s, "
           f"window/document {r['window'] / r['document']:.2f}")
 PY
+done
 fi
