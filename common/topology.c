@@ -19,8 +19,8 @@
 
 extern char **environ;
 
-enum topo_key { KEY_COUNT, KEY_BUS, KEY_NUMA, KEY_SWITCH, KEY_P2P, KEY_NVLINK, NUM_TOPO_KEYS };
-static const char *const key_names[NUM_TOPO_KEYS] = {"count", "bus", "numa", "switch", "p2p", "nvlink"};
+enum topo_key { KEY_COUNT, KEY_BUS, KEY_NUMA, KEY_SWITCH, KEY_MEMORY, KEY_P2P, KEY_NVLINK, NUM_TOPO_KEYS };
+static const char *const key_names[NUM_TOPO_KEYS] = {"count", "bus", "numa", "switch", "memory", "p2p", "nvlink"};
 
 void topology_assumed(int gpus, struct topology *t)
 {
@@ -28,7 +28,19 @@ void topology_assumed(int gpus, struct topology *t)
     t->gpus = gpus;
     t->source = TOPO_ASSUMED;
     for (int i = 0; i < gpus; i++)
-        t->numa[i] = t->pcie_switch[i] = -1;
+        t->numa[i] = t->pcie_switch[i] = t->memory_mib[i] = -1;
+}
+
+int64_t topology_min_memory(const struct topology *t)
+{
+    int64_t least = -1;
+    for (int i = 0; i < t->gpus; i++) {
+        if (t->memory_mib[i] <= 0)
+            return -1;
+        if (least < 0 || t->memory_mib[i] < least)
+            least = t->memory_mib[i];
+    }
+    return least < 0 ? -1 : least << 20;
 }
 
 void topology_cpu(int gpus, struct topology *t)
@@ -91,7 +103,7 @@ static int topo_handler(void *user, const char *section, const char *name, const
         SD_ASSERT(p->value[k]);
         return 1;
     }
-    parse_err(p, line, section, name, "unknown key; accepted in [gpus]: count, bus, numa, switch, p2p, nvlink");
+    parse_err(p, line, section, name, "unknown key; accepted in [gpus]: count, bus, numa, switch, memory, p2p, nvlink");
     return 0;
 }
 
@@ -199,13 +211,18 @@ static int parse_values(struct topo_parse *p, struct topology *t)
         return key_err(p, KEY_COUNT, "'%s' is not an integer in [1, %d]", p->value[KEY_COUNT], JOB_MAX_GPUS);
     int n = t->gpus;
     for (int i = 0; i < n; i++)
-        t->numa[i] = t->pcie_switch[i] = -1;
+        t->numa[i] = t->pcie_switch[i] = t->memory_mib[i] = -1;
     if (p->line[KEY_BUS] && parse_bus_ids(p, n, t) != 0)
         return -1;
     if (p->line[KEY_NUMA] && parse_int_list(p, KEY_NUMA, n, t->numa) != 0)
         return -1;
     if (p->line[KEY_SWITCH] && parse_int_list(p, KEY_SWITCH, n, t->pcie_switch) != 0)
         return -1;
+    if (p->line[KEY_MEMORY] && parse_int_list(p, KEY_MEMORY, n, t->memory_mib) != 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (t->memory_mib[i] == 0)
+            return key_err(p, KEY_MEMORY, "GPU %d has 0 MiB (MiB of device memory, -1 for unknown)", i);
     if (!p->line[KEY_P2P])
         return key_err(p, KEY_P2P, "missing (all, none, or pairs like 0-1 2-3)");
     if (parse_pairs(p, KEY_P2P, n, t->p2p) != 0)
@@ -274,6 +291,9 @@ void topology_write(FILE *f, const struct topology *t)
     fprintf(f, "\nswitch =");
     for (int i = 0; i < t->gpus; i++)
         fprintf(f, " %d", t->pcie_switch[i]);
+    fprintf(f, "\nmemory =");
+    for (int i = 0; i < t->gpus; i++)
+        fprintf(f, " %d", t->memory_mib[i]);
     fprintf(f, "\n");
     write_pairs(f, "p2p", t, t->p2p);
     write_pairs(f, "nvlink", t, t->nvlink);
@@ -293,6 +313,9 @@ void topology_for_ranks(const struct topology *host, int ranks, struct topology 
         memcpy(t.bus_id[r], host->bus_id[g], TOPO_BUS_ID_MAX);
         t.numa[r] = host->numa[g];
         t.pcie_switch[r] = host->pcie_switch[g];
+        /* ranks that share a GPU share its memory */
+        int sharing = ranks / n + (g < ranks % n);
+        t.memory_mib[r] = host->memory_mib[g] > 0 ? host->memory_mib[g] / sharing : -1;
         for (int s = 0; s < ranks; s++) {
             int h = s % n;
             if (s == r)

@@ -1,5 +1,5 @@
 /* The GPUs of a job's ranks and the links between them: PCI bus id, NUMA node and PCIe switch of
- * each, which pairs can copy peer to peer and which over NVLink. Read from a description file
+ * each, its memory, which pairs can copy peer to peer and which over NVLink. Read from a description file
  * ([runtime] topology), probed by `slidedp-worker --probe-topology` (the launcher never touches
  * CUDA), or synthetic on the CPU backend. The planner chooses routes from it; the launcher prints
  * it and stores it by value in the ctl region. */
@@ -27,6 +27,7 @@ struct topology {
     char bus_id[JOB_MAX_GPUS][TOPO_BUS_ID_MAX]; /* "0000:19:00.0"; "" unknown */
     int numa[JOB_MAX_GPUS];                    /* -1 unknown */
     int pcie_switch[JOB_MAX_GPUS];             /* GPUs under one switch share it; -1 unknown */
+    int memory_mib[JOB_MAX_GPUS];              /* device memory in MiB (the CUDA runtime's total); -1 unknown */
     uint64_t p2p[JOB_MAX_GPUS];                /* bit j of p2p[i]: GPUs i and j can copy peer to peer */
     uint64_t nvlink[JOB_MAX_GPUS];             /* bit j of nvlink[i]: i and j are joined by NVLink */
 };
@@ -41,6 +42,9 @@ static inline bool topology_nvlink(const struct topology *t, int i, int j)
     return (t->nvlink[i] >> j & 1) != 0;
 }
 
+/* The smallest of the GPUs' memories in bytes; -1 when any is unknown. */
+int64_t topology_min_memory(const struct topology *t);
+
 /* G "GPUs" of the CPU backend, every pair with P2P. */
 void topology_cpu(int gpus, struct topology *t);
 /* G GPUs of which nothing is known, no pair with P2P (slidedp-plan where nothing can be probed). */
@@ -53,7 +57,7 @@ int topology_load(const char *path, struct topology *t);
 void topology_write(FILE *f, const struct topology *t);
 
 /* The topology of `ranks` ranks on the host's GPUs: rank r runs on GPU r % host->gpus (as
- * slidedp-launch assigns devices); ranks sharing a GPU have P2P. */
+ * slidedp-launch assigns devices); ranks sharing a GPU have P2P and share its memory. */
 void topology_for_ranks(const struct topology *host, int ranks, struct topology *out);
 
 /* Fills numa and pcie_switch from the bus ids under sysfs_devices (normally /sys/bus/pci/devices):

@@ -175,7 +175,10 @@ static void print_text_gpu_memory(const struct report *r)
         printf("\nworker memory per rank: %s (auto: the host has nothing left beyond the shared state)\n", sz(g->total));
     else
         printf("\n%s memory per rank: %s of %s%s\n", cpu ? "worker" : "GPU", sz(g->total), sz(in->gpu_budget),
-               in->gpu_auto ? (cpu ? " (auto: what the host has left)" : " (auto: calibrated device memory)") : "");
+               !in->gpu_auto                     ? ""
+               : cpu                             ? " (auto: what the host has left)"
+               : topology_min_memory(r->topo) > 0 ? " (auto: the smallest GPU's memory)"
+                                                  : " (auto: calibrated device memory)");
     printf("  chunk buffers    %10s  (%d x largest chunk)\n", sz(g->chunk_bufs), r->plan->chunk_buffers);
     printf("  gradient buffers %10s\n", sz(g->grad_bufs));
     int inputs = r->plan->offload_inputs ? 3 : L + 1;

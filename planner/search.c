@@ -768,14 +768,24 @@ static void explain_failure(struct search *S, struct plan_info *info)
     }
 }
 
+int64_t plan_gpu_budget(const struct job_config *job, const struct calib *cal, const struct topology *topo)
+{
+    if (job->gpu_mem > 0)
+        return job->gpu_mem;
+    if (job->device == DEVICE_CPU)
+        return INT64_MAX;
+    int64_t probed = topology_min_memory(topo);
+    return probed > 0 ? probed : (int64_t)cal->gpu.mem_bytes;
+}
+
 /* The search's starting state and the first candidate's template, for the job as it is. */
 static void search_start(const struct job_config *job, const struct model_config *cfg, const struct calib *cal,
-                         int host_cpus, int hosts, struct search *base, struct plan *tmpl)
+                         const struct topology *topo, int host_cpus, int hosts, struct search *base,
+                         struct plan *tmpl)
 {
-    bool cpu = job->device == DEVICE_CPU;
     *base = (struct search){.job = job, .cfg = cfg, .cal = cal, .host_cpus = host_cpus, .min_need = INT64_MAX};
     base->host_avail = cal->mem_available;
-    base->budget = job->gpu_mem > 0 ? job->gpu_mem : cpu ? INT64_MAX : (int64_t)cal->gpu.mem_bytes;
+    base->budget = plan_gpu_budget(job, cal, topo);
     base->enforce_host = true;
     *tmpl = (struct plan){
         .layers_per_chunk = 1,
@@ -821,7 +831,7 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
     bool cpu = job->device == DEVICE_CPU;
     struct search base;
     struct plan tmpl;
-    search_start(job, cfg, cal, host_cpus, hosts, &base, &tmpl);
+    search_start(job, cfg, cal, topo, host_cpus, hosts, &base, &tmpl);
 
     /* the layer inputs on the device, then (a GPU, when no plan fits so) offloaded to host memory;
      * [runtime] activations = offload starts there. Offloaded, the smallest plan is smaller too, so
@@ -918,13 +928,14 @@ int plan_choose(const struct job_config *job, const struct model_config *cfg, co
  * plan_choose runs (every weights source, route and host state it would try), stopping at the first
  * plan that fits. Otherwise which memory ran out, and the smallest device memory any plan needs. */
 static int fit_at(const struct job_config *job0, int T, const struct model_config *cfg, const struct calib *cal,
-                  const struct route_set *routes, int host_cpus, int hosts, int64_t *min_gpu)
+                  const struct topology *topo, const struct route_set *routes, int host_cpus, int hosts,
+                  int64_t *min_gpu)
 {
     struct job_config job = *job0;
     job.seq_len = T;
     struct search base;
     struct plan tmpl;
-    search_start(&job, cfg, cal, host_cpus, hosts, &base, &tmpl);
+    search_start(&job, cfg, cal, topo, host_cpus, hosts, &base, &tmpl);
     base.fit_only = true;
     int sources[2], nsrc = source_candidates(&job, hosts, sources);
     bool device_fits = false;
@@ -964,7 +975,7 @@ int plan_longest_seq_len(const struct job_config *job, const struct model_config
     /* from the job's own length, doubling while it fits, then halving the bracket: every memory the
      * plans need grows with seq_len, so what fits at T fits below it */
     for (int T = imin(job->seq_len, cap);; T = imin(2 * T, cap)) {
-        int r = fit_at(job, T, cfg, cal, &routes, host_cpus, hosts, &need);
+        int r = fit_at(job, T, cfg, cal, topo, &routes, host_cpus, hosts, &need);
         if (r < 0)
             return -1;
         if (r != SEQ_FITS) {
@@ -977,7 +988,7 @@ int plan_longest_seq_len(const struct job_config *job, const struct model_config
     }
     while (hi - lo > 1) {
         int mid = lo + (hi - lo) / 2;
-        int r = fit_at(job, mid, cfg, cal, &routes, host_cpus, hosts, &need);
+        int r = fit_at(job, mid, cfg, cal, topo, &routes, host_cpus, hosts, &need);
         if (r < 0)
             return -1;
         if (r == SEQ_FITS)

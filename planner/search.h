@@ -83,8 +83,7 @@ struct plan_info {
 };
 
 /* Fills plan with the fastest plan for `hosts` hosts of job->gpus ranks each (docs/design.md §10.8)
- * that fits runtime.gpu_mem (auto: the calibrated device memory on CUDA, host memory on the CPU
- * backend) and host memory (per host), honouring every choice job.ini makes;
+ * that fits runtime.gpu_mem (auto: plan_gpu_budget) and host memory (per host), honouring every choice job.ini makes;
  * the routes are those topo (job->gpus ranks) allows: peer routes only where every pair of GPUs
  * has P2P, and never chosen automatically on the CPU backend. Fails with a message naming the
  * job.ini key when a forced choice is impossible, and with the smallest budget that would do when
@@ -92,6 +91,11 @@ struct plan_info {
  * it (the checks of the job alone, e.g. chunk_buffers >= 3, are there). */
 int plan_make(const struct job_config *job, const struct model_config *cfg, const struct topology *topo,
               int host_cpus, int hosts, struct plan *plan);
+
+/* The device memory per rank the plans must fit: runtime.gpu_mem when set; with auto, on CUDA the
+ * smallest of topo's GPUs as the CUDA runtime gives their memory, else (not probed, not described)
+ * the calibrated device memory; on the CPU backend INT64_MAX (host memory bounds it). */
+int64_t plan_gpu_budget(const struct job_config *job, const struct calib *cal, const struct topology *topo);
 
 /* plan_make with a given calibration; info (may be NULL) receives the details, also when nothing
  * fits. */

@@ -21,7 +21,8 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 9 /* 8: document attention (job attention fields, step documents, stats targets/documents); 9: run_id */
+#define CTL_VERSION 10 /* 8: document attention (job attention fields, step documents, stats targets/documents); 9: run_id;
+                          * 10: the topology's GPU memory */
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */

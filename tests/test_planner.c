@@ -458,6 +458,46 @@ static void assert_prediction(double predicted, double pinned, double lo, double
         assert_true(fabs(predicted / lo - 1) < 0.15 && fabs(predicted / hi - 1) < 0.15);
 }
 
+/* runtime.gpu_mem = auto plans for the GPUs' own memory where the topology gives it (the probe reads
+ * the CUDA runtime's total): an H100's 79.18 GiB, not the calibrated 80 GiB that left an H100's
+ * plans 0.6 GiB over what the worker could allocate (docs/performance.md §1.1). The smallest GPU
+ * bounds the plan; an unknown memory falls back to the calibration; gpu_mem, when set, wins. */
+static void test_probed_gpu_memory(void **state)
+{
+    struct model_config cfg;
+    struct calib cal;
+    struct topology topo;
+    bench_shape_on_h200(&cfg, &cal, &topo);
+    struct job_config job = job_of(DEVICE_CUDA, 1, 1, 32768, 1);
+    const int64_t h100 = (int64_t)81079 << 20, h200 = (int64_t)143771 << 20;
+    struct {
+        int memory_mib;
+        int64_t budget;
+    } cases[] = {{-1, (int64_t)cal.gpu.mem_bytes}, {81079, h100}, {143771, h200}};
+    int longest[3];
+    for (int i = 0; i < 3; i++) {
+        topo.memory_mib[0] = cases[i].memory_mib;
+        assert_int_equal(plan_gpu_budget(&job, &cal, &topo), cases[i].budget);
+        struct plan p;
+        struct plan_info info;
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 16, 1, &p, &info), 0);
+        assert_int_equal(info.gpu_budget, cases[i].budget);
+        assert_int_equal(p.gpu_budget, cases[i].budget);
+        assert_true(info.gpu.total <= cases[i].budget);
+        struct plan_seq_limit lim;
+        assert_int_equal(plan_longest_seq_len(&job, &cfg, &cal, &topo, 16, 1, &lim), 0);
+        longest[i] = lim.seq_len;
+        printf("# GPU memory %d MiB: plan %.2f GiB of %.2f, longest sequence %d\n", cases[i].memory_mib,
+               info.gpu.total / 1073741824.0, cases[i].budget / 1073741824.0, lim.seq_len);
+    }
+    assert_true(longest[1] < longest[0] && longest[0] < longest[2]);
+    job.gpu_mem = (int64_t)40 << 30;
+    assert_int_equal(plan_gpu_budget(&job, &cal, &topo), job.gpu_mem);
+    job.device = DEVICE_CPU;
+    job.gpu_mem = 0;
+    assert_int_equal(plan_gpu_budget(&job, &cal, &topo), INT64_MAX);
+}
+
 /* Issue 32's measurements on the GPU host (one H200, 16 cores; docs/performance.md §9): the
  * Qwen3-1.7B shape (examples/qwen3-1.7b), 2 x 4096 tokens per step, bf16 gradients, priced for the
  * host examples/h200-host.json describes. Streaming the master and updating after the backward,
@@ -1715,6 +1755,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layer_flops),
+        cmocka_unit_test(test_probed_gpu_memory),
         cmocka_unit_test(test_document_attention_priced),
         cmocka_unit_test(test_bytes_per_pass),
         cmocka_unit_test(test_update_shares_host_memory),

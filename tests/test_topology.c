@@ -39,6 +39,7 @@ static void test_good_files(void **state)
                                 "bus = 0000:19:00.0 0000:1a:00.0 - 0000:9b:00.0\n"
                                 "numa = 0 0 1 -1\n"
                                 "switch = 0 0 1 2\n"
+                                "memory = 81559 81559 -1 143771\n"
                                 "p2p = 0-1 2-3 3-1\n"
                                 "nvlink = 1-0\n",
                                 &t),
@@ -50,6 +51,10 @@ static void test_good_files(void **state)
     assert_int_equal(t.numa[2], 1);
     assert_int_equal(t.numa[3], -1);
     assert_int_equal(t.pcie_switch[3], 2);
+    assert_int_equal(t.memory_mib[0], 81559);
+    assert_int_equal(t.memory_mib[2], -1);
+    assert_int_equal(t.memory_mib[3], 143771);
+    assert_int_equal(topology_min_memory(&t), -1); /* one GPU's memory is unknown */
     /* pairs are symmetric; a GPU is not its own peer */
     assert_true(topology_p2p(&t, 0, 1) && topology_p2p(&t, 1, 0) && topology_p2p(&t, 1, 3) && topology_p2p(&t, 3, 2));
     assert_false(topology_p2p(&t, 0, 2) || topology_p2p(&t, 0, 0) || topology_p2p(&t, 0, 3));
@@ -70,6 +75,10 @@ static void test_good_files(void **state)
     assert_true(topology_all_p2p(&t, &a, &b));
     assert_int_equal(t.numa[2], -1);
     assert_int_equal(t.pcie_switch[0], -1);
+    assert_int_equal(t.memory_mib[1], -1);
+    assert_int_equal(topology_min_memory(&t), -1);
+    assert_int_equal(parse_text("[gpus]\ncount = 2\nmemory = 143771 81559\np2p = all\n", &t), 0);
+    assert_int_equal(topology_min_memory(&t), (int64_t)81559 << 20); /* the smaller GPU bounds a plan */
     assert_int_equal(parse_text("[gpus]\np2p = none\ncount = 2\n", &t), 0);
     assert_false(topology_p2p(&t, 0, 1));
 
@@ -78,7 +87,7 @@ static void test_good_files(void **state)
     for (int f = 0; f < 3; f++) {
         char text[512];
         snprintf(text, sizeof text, "[gpus]\ncount = 4\nbus = 0000:19:00.0 - - 0000:9b:00.0\nnuma = 0 0 1 1\n"
-                                    "switch = 3 3 4 -1\np2p = %s\n", forms[f]);
+                                    "switch = 3 3 4 -1\nmemory = 81559 -1 81559 81559\np2p = %s\n", forms[f]);
         assert_int_equal(parse_text(text, &t), 0);
         char written[1200];
         snprintf(written, sizeof written, "%s/written.ini", dir);
@@ -107,7 +116,11 @@ static void test_bad_files(void **state)
         {"[gpu]\ncount = 2\n", ":2: [gpu] count: unknown section; accepted: [gpus]"},
         {"count = 2\n", ":1: [(none)] count: unknown section; accepted: [gpus]"},
         {"[gpus]\ncount = 2\nlinks = all\n",
-         ":3: [gpus] links: unknown key; accepted in [gpus]: count, bus, numa, switch, p2p, nvlink"},
+         ":3: [gpus] links: unknown key; accepted in [gpus]: count, bus, numa, switch, memory, p2p, nvlink"},
+        {"[gpus]\ncount = 2\nmemory = 81559 0\np2p = all\n",
+         ":3: [gpus] memory: GPU 1 has 0 MiB (MiB of device memory, -1 for unknown)"},
+        {"[gpus]\ncount = 2\nmemory = 80G 80G\np2p = all\n",
+         ":3: [gpus] memory: '80G' is not an integer >= -1 (-1: unknown)"},
         {"[gpus]\ncount = 2\np2p = all\ncount = 3\n", ":4: [gpus] count: set twice (first at line 2)"},
         {"[gpus]\np2p = all\n", ": [gpus] count: missing (the number of GPUs)"},
         {"[gpus]\ncount = 0\np2p = all\n", ":2: [gpus] count: '0' is not an integer in [1, 64]"},
@@ -144,11 +157,20 @@ static void test_bad_files(void **state)
 }
 
 /* Ranks beyond the GPUs run on GPU r % count (as slidedp-launch assigns devices): ranks sharing a
- * GPU are peers of each other, and of what that GPU is a peer of. */
+ * GPU are peers of each other, and of what that GPU is a peer of, and share its memory. */
 static void test_ranks(void **state)
 {
     struct topology host, t;
-    assert_int_equal(parse_text("[gpus]\ncount = 2\nbus = 0000:19:00.0 0000:1a:00.0\nnuma = 0 1\np2p = none\n", &host), 0);
+    assert_int_equal(
+        parse_text("[gpus]\ncount = 2\nbus = 0000:19:00.0 0000:1a:00.0\nnuma = 0 1\nmemory = 81559 -1\np2p = none\n",
+                   &host),
+        0);
+    topology_for_ranks(&host, 3, &t); /* ranks 0 and 2 on GPU 0, rank 1 on GPU 1 */
+    assert_int_equal(t.memory_mib[0], 81559 / 2);
+    assert_int_equal(t.memory_mib[2], 81559 / 2);
+    assert_int_equal(t.memory_mib[1], -1);
+    topology_for_ranks(&host, 2, &t);
+    assert_int_equal(t.memory_mib[0], 81559);
     topology_for_ranks(&host, 4, &t);
     assert_int_equal(t.gpus, 4);
     assert_string_equal(t.bus_id[2], "0000:19:00.0");

@@ -1,5 +1,5 @@
 /* The CUDA runtime's view of the visible GPUs for `slidedp-worker --probe-topology` (see
- * worker/probe.h). NVML is not linked, so NVLink is read from the peer attributes: native atomics
+ * worker/probe.h): bus ids, memory, peer access. NVML is not linked, so NVLink is read from the peer attributes: native atomics
  * between two GPUs are offered over NVLink and not over PCIe. */
 #include <ctype.h>
 #include <cuda_runtime.h>
@@ -38,6 +38,10 @@ extern "C" int cuda_probe_topology(struct topology *t)
         if ((e = cudaDeviceGetPCIBusId(id, sizeof id, i)) != cudaSuccess)
             return sd_err("cudaDeviceGetPCIBusId(%d): %s", i, cudaGetErrorString(e));
         sysfs_bus_id(id, t->bus_id[i], TOPO_BUS_ID_MAX);
+        cudaDeviceProp prop;
+        if ((e = cudaGetDeviceProperties(&prop, i)) != cudaSuccess)
+            return sd_err("cudaGetDeviceProperties(%d): %s", i, cudaGetErrorString(e));
+        t->memory_mib[i] = (int)(prop.totalGlobalMem >> 20);
     }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
