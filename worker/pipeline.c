@@ -36,6 +36,9 @@ static void io_loss_done(void *ctx, const float *loss_rows, int n)
             micro += (double)loss_rows[i];
     w->loss_sum += micro;
     save_loss_progress(w, w->step, w->micro_index + 1, w->loss_sum);
+    /* the model calls this between the passes: every micro-step's backward shows as such in the
+     * monitors, not only the last one's, whose gradients the poster sends */
+    set_phase(w, PHASE_BACKWARD);
 }
 
 /* Saves the loss over micro-steps [0, done) of step s (crash-safe: see struct loss_progress). */
