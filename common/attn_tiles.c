@@ -2,6 +2,7 @@
 #include "common/attn_tiles.h"
 
 #include <limits.h>
+#include <math.h>
 
 static size_t pad_rows(int n)
 {
@@ -104,7 +105,13 @@ void attn_tiling_scratch(const struct attn_tiling *t, int D, size_t workspace, s
 size_t attn_tiling_scratch_bound(int B, int T, int Hq, int Hkv, int D, size_t limit)
 {
     size_t dp = attn_tile_dp_bytes(B, Hq, T, T), rows = align256((size_t)B * Hq * T * sizeof(float));
-    size_t total = (dp < limit ? dp : limit) + ((size_t)1 << 20) + 256 + 256 + 2 * rows;
+    /* cuDNN's workspace is dP and its fp32 dQ accumulator, D floats per (query row, query head) of
+     * the call. A call of n (batch entry, query head) pairs and t rows against t keys has n t^2 pairs
+     * of dP, 2 bytes each, within limit, so n t is at most sqrt(n limit / 2), and n at most B Hq */
+    size_t all = (size_t)B * Hq * T, most = (size_t)sqrt((double)B * Hq * (double)limit / 2);
+    size_t dq_rows = most < all ? most : all;
+    size_t workspace = (dp < limit ? dp : limit) + dq_rows * (size_t)D * sizeof(float) + ((size_t)1 << 20);
+    size_t total = workspace + 256 + 256 + 2 * rows;
     if (dp > limit) { /* it may be chunked: one KV head's partial outputs and dQ sum over chunks no
                        * longer than the longest that fits any sequence, and its dK, dV sums */
         int G = Hq / Hkv;

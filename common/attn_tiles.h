@@ -63,8 +63,9 @@ struct attn_tile_scratch {
 };
 void attn_tiling_scratch(const struct attn_tiling *t, int D, size_t workspace, struct attn_tile_scratch *s);
 /* An upper bound of attn_tiling_scratch's total for any tiling of B x T under limit, with cuDNN's
- * workspace taken as dP and 1 MiB, that never falls as T grows (the planner's longest-sequence
- * search bisects over T). */
+ * workspace taken as dP, its fp32 dQ accumulator (what bench_attention's plans reported: 8256 MiB
+ * for 8 GiB of dP over 4 query heads of 32768 rows) and 1 MiB, that never falls as T grows (the
+ * planner's longest-sequence search bisects over T). */
 size_t attn_tiling_scratch_bound(int B, int T, int Hq, int Hkv, int D, size_t limit);
 /* The largest dP of the tiling's calls (the workspace cuDNN will ask for, about). */
 size_t attn_tiling_dp_bytes(const struct attn_tiling *t);

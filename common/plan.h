@@ -36,6 +36,8 @@ struct plan {
     int accumulate_on_device; /* micro-steps sum their gradients on the GPU; each rank sends once per step */
     int weights_source;     /* enum weights_source, never AUTO here */
     int offload_inputs;     /* layer inputs wait for the backward in host memory (docs/design.md §6.1) */
+    int64_t attn_tile_bytes; /* deterministic attention backward on CUDA: the dP bound of its cuDNN calls
+                              * (common/attn_tiles.h); 0 where it does not run */
     uint8_t keep_acts[PLAN_MAX_LAYERS]; /* per layer: 1 keep, 0 recompute from the layer input */
     /* predictions (seconds per step, bytes); the choices above identify a job's state
      * (launcher/state.c job_hash), these do not */

@@ -288,7 +288,7 @@ static uint64_t job_hash(const struct job_state *st)
     const struct plan *p = &st->plan;
     int choices[] = {p->layers_per_chunk, p->chunk_buffers, p->grad_slots, p->optim_procs, p->optim_threads,
                      p->update_mode, p->param_route, p->grad_route, p->logits_rows, p->accumulate_on_device,
-                     p->weights_source, p->offload_inputs};
+                     p->weights_source, p->offload_inputs, (int)(p->attn_tile_bytes >> 20)};
     h = fnv1a(h, choices, sizeof choices);
     return fnv1a(h, p->keep_acts, (size_t)st->cfg.num_layers);
 }

@@ -28,7 +28,8 @@
  * 2.5x forward; the built-in kernels, used where cuDNN does not load, reach 290 / 230); the
  * deterministic backward runs cuDNN's deterministic engine in tiles: 362, 383 and 417 TFLOP/s at
  * 4K, 32K and 128K on an H100 (§1), and for document windows the built-in kernels: §1's built-in
- * forward + backward less its forward, 213 at T=4096 and 217 at 32768 (design §10.7); the rest are
+ * forward + backward less its forward, 213 at T=4096 and 217 at 32768 (design §10.7); calls of more
+ * dP than the default bound gained 3-6% a doubling at 32K and 128K on an H100 (§1.1); the rest are
  * estimates. */
 #define GPU_FIELD(name, assumed, unit) {#name, offsetof(struct calib_gpu, name), assumed, unit}
 const struct calib_gpu_field calib_gpu_fields[] = {
@@ -42,6 +43,7 @@ const struct calib_gpu_field calib_gpu_fields[] = {
     GPU_FIELD(attn_fwdbwd_flops, 440e12, "FLOP/s"),
     GPU_FIELD(attn_bwd_det_flops, 380e12, "FLOP/s"),
     GPU_FIELD(attn_bwd_builtin_flops, 215e12, "FLOP/s"),
+    GPU_FIELD(attn_det_tile_gain, 0.045, "x"),
     GPU_FIELD(mem_bw, 3.0e12, "B/s"),
     GPU_FIELD(launch_s, 5e-6, "s"),
     GPU_FIELD(mem_bytes, 80.0 * (1ull << 30), "B"),

@@ -88,6 +88,8 @@ struct calib_gpu {
     double attn_bwd_det_flops; /* the backward alone with runtime.deterministic (2.5 forwards' FLOPs):
                                 * cuDNN's deterministic engine in tiles, not the fused kernel */
     double attn_bwd_builtin_flops; /* the same on the built-in kernels (document windows) */
+    double attn_det_tile_gain; /* the deterministic backward's speed-up per doubling of its calls' dP
+                                * beyond the default bound, where that cuts sequences (cost.h) */
     double mem_bw;            /* device memory bytes/s of elementwise kernels */
     double launch_s;          /* per kernel launch */
     double mem_bytes;         /* device memory used when runtime.gpu_mem = auto */

@@ -20,6 +20,7 @@ struct dev {
     enum attn_kernels attn;
     const struct calib_cpu *c;
     const struct calib_gpu *g;
+    double det_tile_speed; /* ATTN_KERNELS_DET_CUDNN: the plan's calls against the default bound's */
 };
 
 /* Device memory bytes an elementwise kernel moves per element (bf16 activations, fp32 where the
@@ -89,11 +90,22 @@ static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D, doubl
         return P * (d->c->attn_bwd_pair_dim_s * D + d->c->attn_bwd_pair_s);
     double F = 4 * P * D;
     if (d->attn == ATTN_KERNELS_DET_CUDNN)
-        return 2.5 * F / d->g->attn_bwd_det_flops + d->g->launch_s;
+        return 2.5 * F / (d->g->attn_bwd_det_flops * d->det_tile_speed) + d->g->launch_s;
     if (d->attn == ATTN_KERNELS_DET_BUILTIN)
         return 2.5 * F / d->g->attn_bwd_builtin_flops + d->g->launch_s;
     return fmax(3.5 * F / d->g->attn_fwdbwd_flops - F / d->g->attn_fwd_flops, 2.5 * F / d->g->attn_fwd_flops) +
            d->g->launch_s;
+}
+
+double cost_det_tile_speed(int B, int T, int Hq, int Hkv, int64_t bound, double gain)
+{
+    struct attn_tiling def, t;
+    attn_tiling_choose(B, T, Hq, Hkv, ATTN_TILE_WORKSPACE_DEFAULT, &def);
+    attn_tiling_choose(B, T, Hq, Hkv, bound > 0 ? (size_t)bound : ATTN_TILE_WORKSPACE_DEFAULT, &t);
+    double ratio = (double)attn_tiling_dp_bytes(&t) / (double)attn_tiling_dp_bytes(&def);
+    if ((def.nchunks == 1 && def.ng == Hkv) || ratio <= 1) /* whole sequences already, or no larger */
+        return 1;
+    return fmin(1 + gain * log2(ratio), 1.15);
 }
 
 /* ---- the model's ops, mirroring worker/model.c ---- */
@@ -272,12 +284,15 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
      * heads the full-head dK and dV (sized in fp32) */
     if (!cpu && job->attention == ATTENTION_DOCUMENT && !job->deterministic)
         attn_scratch += 2 * N * cfg->num_heads * 4 + (cfg->num_kv_heads != cfg->num_heads ? 2 * N * q * 4 : 0);
-    /* deterministic, windows take cuDNN's deterministic engine in calls of at most
-     * ATTN_TILE_WORKSPACE_DEFAULT of dP, with the calls' lse, row sums and, in chunks, the fp32 sums
+    /* deterministic, windows take cuDNN's deterministic engine in calls of at most the plan's
+     * attn_tile_bytes of dP, with the calls' lse, row sums and, in chunks, the fp32 sums
      * (common/attn_tiles.h; a bound that grows with T, for the longest-sequence search) */
     if (!cpu && job->deterministic) {
+        int64_t bound = mc->plan->attn_tile_bytes;
+        if (bound <= 0)
+            bound = (int64_t)ATTN_TILE_WORKSPACE_DEFAULT;
         int64_t tiles = (int64_t)attn_tiling_scratch_bound(job->micro_batch, job->seq_len, cfg->num_heads,
-                                                           cfg->num_kv_heads, (int)D, ATTN_TILE_WORKSPACE_DEFAULT);
+                                                           cfg->num_kv_heads, (int)D, (size_t)bound);
         attn_scratch = tiles > attn_scratch ? tiles : attn_scratch;
     }
     int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;
@@ -985,7 +1000,9 @@ void cost_step(const struct cost_case *mc, struct step_pred *out)
 {
     const struct calib *cal = mc->cal;
     memset(out, 0, sizeof *out);
-    struct dev d = {mc->job->device == DEVICE_CPU, cost_attention_kernels(mc->job), &cal->host.cpu, &cal->gpu};
+    struct dev d = {mc->job->device == DEVICE_CPU, cost_attention_kernels(mc->job), &cal->host.cpu, &cal->gpu,
+                    cost_det_tile_speed(mc->job->micro_batch, mc->job->seq_len, mc->cfg->num_heads,
+                                        mc->cfg->num_kv_heads, mc->plan->attn_tile_bytes, cal->gpu.attn_det_tile_gain)};
     struct rates rt = rates_of(mc);
     struct sim s;
     sim_init(&s, mc, d.cpu);

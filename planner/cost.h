@@ -113,6 +113,14 @@ int64_t cost_layer_act_bytes(const struct model_config *cfg, int64_t N, int act_
 enum attn_kernels { ATTN_KERNELS_CPU, ATTN_KERNELS_CUDNN, ATTN_KERNELS_DET_CUDNN, ATTN_KERNELS_DET_BUILTIN };
 enum attn_kernels cost_attention_kernels(const struct job_config *job);
 
+/* The deterministic backward's speed with calls of at most `bound` bytes of dP (0: the default,
+ * ATTN_TILE_WORKSPACE_DEFAULT) against the default's, at attn_bwd_det_flops: larger calls run
+ * faster where the default cuts sequences into head groups or chunks (docs/performance.md §1.1,
+ * one H100: 1.04-1.06x at 2 GiB, 1.07-1.12x at 4 GiB, 1.08-1.19x at 8 GiB for 32K and 128K tokens),
+ * `gain` (the calibration's attn_det_tile_gain) a doubling of the calls' dP, at most 1.15; 1 where
+ * the default's calls hold whole sequences (not measured there). */
+double cost_det_tile_speed(int B, int T, int Hq, int Hkv, int64_t bound, double gain);
+
 /* Device memory for the case with `kept` layers keeping their activations. */
 void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *out);
 void cost_host_memory(const struct cost_case *mc, int64_t gpu_bytes, struct host_mem_pred *out);

@@ -328,6 +328,8 @@ static void print_text_calibration(const struct report *r)
             printf("  %-18s %10s     %s\n", f->name, sz(v), from_file ? "measured (file)" : "assumed");
         else if (!strcmp(f->unit, "s"))
             printf("  %-18s %10.2f us      %s\n", f->name, v * 1e6, from_file ? "measured (file)" : "assumed");
+        else if (!strcmp(f->unit, "x"))
+            printf("  %-18s %10.3f         %s\n", f->name, v, from_file ? "measured (file)" : "assumed");
         else
             printf("  %-18s %10.1f %s%s %s\n", f->name, v / (f->unit[0] == 'F' ? 1e12 : 1e9),
                    f->unit[0] == 'F' ? "T" : "G", f->unit, from_file ? "measured (file)" : "assumed");
@@ -425,6 +427,7 @@ static cJSON *plan_json(const struct report *r)
     cJSON_AddBoolToObject(pj, "grads_bf16", cost_grads_bf16(pl, r->job));
     cJSON_AddStringToObject(pj, "weights_source", plan_weights_source_name(pl->weights_source));
     cJSON_AddBoolToObject(pj, "offload_inputs", pl->offload_inputs);
+    cJSON_AddNumberToObject(pj, "attn_tile_bytes", (double)pl->attn_tile_bytes);
     cJSON *keep = cJSON_AddArrayToObject(pj, "keep_acts");
     for (int l = 0; l < r->cfg->num_layers; l++)
         cJSON_AddItemToArray(keep, cJSON_CreateNumber(pl->keep_acts[l]));

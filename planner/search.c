@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/attn_tiles.h"
 #include "common/err.h"
 #include "shm/ctl.h"
 #include "shm/ring.h"
@@ -163,6 +164,7 @@ static void consider(struct search *S, struct plan *p, struct cand_layout *cl)
 /* ---- candidate lists ---- */
 
 #define MAX_CANDS 64
+#define ATTN_TILE_MAX_GIB 8 /* the largest dP bound search_tiles tries (docs/performance.md §1.1: 8 GiB calls) */
 #define OPTIM_MAX_THREADS 32 /* [runtime] optim_threads accepts 1..32 */
 
 static int lpc_candidates(const struct job_config *job, int L, int *out)
@@ -355,6 +357,26 @@ static int search_logits(struct search *S)
     return 0;
 }
 
+/* The deterministic attention backward's dP bound per cuDNN call: larger calls run faster where the
+ * default cuts sequences (cost_det_tile_speed) but take more scratch, which may cost kept
+ * activations; consider() weighs the two, and between plans as fast keeps the smaller. */
+static int search_tiles(struct search *S)
+{
+    if (S->best.attn_tile_bytes <= 0)
+        return 0;
+    struct plan tmpl = S->best;
+    struct cand_layout cl;
+    if (cand_layout_build(S->cfg, tmpl.layers_per_chunk, &cl) != 0)
+        return -1;
+    for (int gib = 1; gib <= ATTN_TILE_MAX_GIB; gib *= 2) {
+        struct plan p = tmpl;
+        p.attn_tile_bytes = (int64_t)gib << 30;
+        consider(S, &p, &cl);
+    }
+    cand_layout_free(&cl);
+    return 0;
+}
+
 static void fmt_gib(char *buf, size_t len, int64_t bytes)
 {
     snprintf(buf, len, "%.2f GiB", (double)bytes / GIB);
@@ -390,9 +412,10 @@ static int search_all(struct search *S, const struct plan *tmpl)
     }
     if (!S->found || S->fit_only)
         return 0;
-    if (search_optim(S) != 0 || search_logits(S) != 0)
+    if (search_optim(S) != 0 || search_logits(S) != 0 || search_tiles(S) != 0)
         return -1;
     struct plan again = *tmpl;
+    again.attn_tile_bytes = S->best.attn_tile_bytes;
     again.optim_procs = S->best.optim_procs;
     again.optim_threads = S->best.optim_threads;
     again.grad_slots = S->best.grad_slots;
@@ -797,6 +820,7 @@ static void search_start(const struct job_config *job, const struct model_config
         .grad_route = GRADS_CPU,
         .hosts = hosts,
         .host_state = HOST_STATE_REPLICATED,
+        .attn_tile_bytes = job->device != DEVICE_CPU && job->deterministic ? (int64_t)ATTN_TILE_WORKSPACE_DEFAULT : 0,
     };
     /* about 64 MiB of logits at a time to start with (search_logits tries more) */
     tmpl->logits_rows = logits_rows_of(job, cfg, 64);
@@ -1090,7 +1114,11 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
         [ATTN_KERNELS_DET_CUDNN] = "; backward deterministic (cuDNN's deterministic engine)",
         [ATTN_KERNELS_DET_BUILTIN] = "; backward deterministic (built-in kernels)",
     };
-    const char *backward = kernels[cost_attention_kernels(job)];
+    char backward[160];
+    snprintf(backward, sizeof backward, "%s", kernels[cost_attention_kernels(job)]);
+    if (cost_attention_kernels(job) == ATTN_KERNELS_DET_CUDNN && plan->attn_tile_bytes > 0)
+        snprintf(backward, sizeof backward, "; backward deterministic (cuDNN's deterministic engine, calls of at most "
+                 "%g GiB of scores)", (double)plan->attn_tile_bytes / GIB);
     if (job->attention_pairs > 0)
         fprintf(f, "plan: attention priced by the data's documents: %.1f%% of whole windows' (query, key) pairs%s\n",
                 100 * job->attention_pairs, backward);

@@ -42,8 +42,11 @@ static void check_calls(const struct attn_tiling *tiling, size_t limit)
         assert_true(pieces[i + 1] == 0 || pieces[i + 1] > pieces[i]);
     assert_true(s.lse >= 1000 && s.total > s.rowsum);
 
+    /* cuDNN's workspace as its plans reported it: dP and the call's fp32 dQ (D floats per query row
+     * and query head), and 1 MiB */
     struct attn_tile_scratch priced;
-    attn_tiling_scratch(&t, D, attn_tiling_dp_bytes(&t) + ((size_t)1 << 20), &priced);
+    size_t dq_acc = (size_t)t.nb * t.ng * G * t.chunk * D * sizeof(float);
+    attn_tiling_scratch(&t, D, attn_tiling_dp_bytes(&t) + dq_acc + ((size_t)1 << 20), &priced);
     if (limit > 0 && limit >= floor_dp)
         assert_true(priced.total <= attn_tiling_scratch_bound(B, T, Hq, Hkv, D, limit));
     bool group_open = false, chunk_open = false;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/attn_tiles.h"
 #include "common/err.h"
 #include "planner/search.h"
 #include "shm/ctl.h"
@@ -498,6 +499,58 @@ static void test_probed_gpu_memory(void **state)
     assert_int_equal(plan_gpu_budget(&job, &cal, &topo), INT64_MAX);
 }
 
+/* The deterministic backward's dP bound per cuDNN call is the plan's: cost_det_tile_speed gives
+ * larger calls attn_det_tile_gain a doubling where 1 GiB cuts sequences (one 32K sequence of 16
+ * heads: 1 GiB takes one KV head x 16384 rows, 8 GiB two KV heads whole, 8x the dP; 131K: chunks of
+ * 16384 then 43712 rows), and nothing where 1 GiB holds whole sequences (2 x 4096). The search
+ * takes 8 GiB for one 32K sequence where the scratch costs nothing else, keeps 1 GiB when larger
+ * calls gain nothing (ties go to the smaller plan), and the plan fits the GPU either way. */
+static void test_attention_tile_bound(void **state)
+{
+    const int64_t gib = (int64_t)1 << 30;
+    assert_true(fabs(cost_det_tile_speed(1, 32768, 16, 8, 8 * gib, 0.045) - (1 + 0.045 * 3)) < 1e-12);
+    struct attn_tiling def, wide; /* 131K: 8 chunks of 16384 rows, then 3 of 43712 (7.1x the dP) */
+    attn_tiling_choose(1, 131072, 16, 8, (size_t)gib, &def);
+    attn_tiling_choose(1, 131072, 16, 8, (size_t)(8 * gib), &wide);
+    assert_true(def.chunk == 16384 && wide.chunk == 43712);
+    double ratio = (double)attn_tiling_dp_bytes(&wide) / (double)attn_tiling_dp_bytes(&def);
+    assert_true(fabs(cost_det_tile_speed(1, 131072, 16, 8, 8 * gib, 0.045) - (1 + 0.045 * log2(ratio))) < 1e-12);
+    assert_true(cost_det_tile_speed(1, 32768, 16, 8, 0, 0.045) == 1);
+    assert_true(cost_det_tile_speed(1, 32768, 16, 8, gib, 0.045) == 1);
+    assert_true(cost_det_tile_speed(2, 4096, 16, 8, 8 * gib, 0.045) == 1);
+    assert_true(cost_det_tile_speed(1, 32768, 16, 8, 8 * gib, 0.2) == 1.15); /* capped */
+
+    struct model_config cfg;
+    struct calib cal;
+    struct topology topo;
+    bench_shape_on_h200(&cfg, &cal, &topo);
+    struct job_config job = job_of(DEVICE_CUDA, 1, 1, 32768, 1);
+    job.weights_source = WEIGHTS_AUTO;
+    static const struct {
+        int memory_mib;
+        double gain;
+        int64_t bound;
+    } cases[] = {{143771, 0.045, (int64_t)8 << 30}, {81079, 0.045, (int64_t)8 << 30}, {143771, 0, (int64_t)1 << 30}};
+    double step[3];
+    for (int i = 0; i < 3; i++) {
+        topo.memory_mib[0] = cases[i].memory_mib;
+        cal.gpu.attn_det_tile_gain = cases[i].gain;
+        struct plan p;
+        struct plan_info info;
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 16, 1, &p, &info), 0);
+        printf("# %d MiB, gain %.3f: calls of %lld MiB of dP, step %.4f s, GPU %.2f GiB\n", cases[i].memory_mib,
+               cases[i].gain, (long long)(p.attn_tile_bytes >> 20), p.predicted_step_s, info.gpu.total / 1073741824.0);
+        assert_int_equal(p.attn_tile_bytes, cases[i].bound);
+        assert_true(info.gpu.total <= info.gpu_budget);
+        step[i] = p.predicted_step_s;
+    }
+    assert_true(step[0] < step[2]);
+    job.deterministic = false; /* the fused backward: no tiles */
+    struct plan p;
+    assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, 16, 1, &p, NULL), 0);
+    assert_int_equal(p.attn_tile_bytes, 0);
+}
+
 /* Issue 32's measurements on the GPU host (one H200, 16 cores; docs/performance.md §9): the
  * Qwen3-1.7B shape (examples/qwen3-1.7b), 2 x 4096 tokens per step, bf16 gradients, priced for the
  * host examples/h200-host.json describes. Streaming the master and updating after the backward,
@@ -792,7 +845,7 @@ static void test_issue31_deterministic_rows(void **state)
     struct calib cal;
     struct topology topo;
     bench_shape_on_h200(&cfg, &cal, &topo);
-    const double det_engine = cal.gpu.attn_bwd_det_flops;
+    const double det_engine = cal.gpu.attn_bwd_det_flops, det_gain = cal.gpu.attn_det_tile_gain;
     static const struct {
         const char *name;
         int mb, T, accum;
@@ -804,20 +857,21 @@ static void test_issue31_deterministic_rows(void **state)
         {"64k, 2 x 4096 x 8, built-in", 2, 4096, 8, true, true, 2.265, 2.265, 2.1264},
         {"8k, 2 x 4096, built-in", 2, 4096, 1, true, true, 0.690, 0.690, 0.7341},
         {"8k, 2 x 4096, not deterministic", 2, 4096, 1, false, false, 0.690, 0.690, 0.7132},
-        {"one 32K sequence, built-in", 1, 32768, 1, true, true, 2.417, 2.417, 2.5011},
+        {"one 32K sequence, built-in", 1, 32768, 1, true, true, 2.417, 2.417, 2.4978},
         {"one 32K sequence, not deterministic", 1, 32768, 1, false, false, 1.64, 1.82, 1.7395},
         {"one 131K sequence, built-in", 1, 131072, 1, true, true, 32.69, 32.69, 32.9080},
         {"64k, 8 x 4096 x 2", 8, 4096, 2, true, false, 0, 0, 1.8089},
         {"64k, 2 x 4096 x 8", 2, 4096, 8, true, false, 0, 0, 1.9709},
         {"8k, 2 x 4096", 2, 4096, 1, true, false, 0, 0, 0.7146},
-        {"one 32K sequence", 1, 32768, 1, true, false, 0, 0, 1.8115},
-        {"one 131K sequence", 1, 131072, 1, true, false, 0, 0, 22.8907},
+        {"one 32K sequence", 1, 32768, 1, true, false, 0, 0, 1.7797},
+        {"one 131K sequence", 1, 131072, 1, true, false, 0, 0, 21.6822},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         struct job_config job = job_of(DEVICE_CUDA, 1, runs[i].mb, runs[i].T, runs[i].accum);
         job.weights_source = WEIGHTS_AUTO;
         job.deterministic = runs[i].det;
         cal.gpu.attn_bwd_det_flops = runs[i].builtin ? cal.gpu.attn_bwd_builtin_flops : det_engine;
+        cal.gpu.attn_det_tile_gain = runs[i].builtin ? 0 : det_gain; /* no tiles on the built-in kernels */
         struct plan p;
         assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, 1, &p, NULL), 0);
         printf("# %s: predicted %.4f s, measured %.3f-%.3f s\n", runs[i].name, p.predicted_step_s, runs[i].lo,
@@ -1353,7 +1407,8 @@ static void test_weights_source(void **state)
  * deterministic engine at a rate of that engine's; the GPU bytes since the
  * SwiGLU backward writes its gradients over gate and up, two (N, I) buffers fewer, and the CUDA
  * cases' since the deterministic attention backward's cuDNN calls take up to 1 GiB of dP scratch,
- * common/attn_tiles.h), host_state ignored. */
+ * common/attn_tiles.h, and again since that scratch counts cuDNN's fp32 dQ accumulator, 16 and 8 MiB
+ * here), host_state ignored. */
 static void test_hosts_one_as_before(void **state)
 {
     struct model_config cfg = medium();
@@ -1365,9 +1420,9 @@ static void test_hosts_one_as_before(void **state)
         int64_t host_bytes, gpu_bytes;
     } cases[] = {
         {DEVICE_CUDA, 1, 4, 1, 1.0, 2, 6, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.114c9b22671fp-3, 0x1.83dddp+32,
-         0x1.6d0dp+28, 0x1.6d0dp+29, 3446104064, 3406995968},
+         0x1.6d0dp+28, 0x1.6d0dp+29, 3446104064, 3423773184},
         {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.1ff084611c6e2p-3, 0x1.563a5p+32,
-         0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3902235136},
+         0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3910623744},
         {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21ef44a20e47cp+7, 0x1.22e4c4p+34,
          0x1.6d0bp+28, 0x1.11c84p+31, 10099942400, 2320278016},
     };
@@ -1756,6 +1811,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layer_flops),
         cmocka_unit_test(test_probed_gpu_memory),
+        cmocka_unit_test(test_attention_tile_bound),
         cmocka_unit_test(test_document_attention_priced),
         cmocka_unit_test(test_bytes_per_pass),
         cmocka_unit_test(test_update_shares_host_memory),

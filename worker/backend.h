@@ -198,7 +198,8 @@ void backend_cpu_free(struct backend *be);
 int backend_cuda_init(struct backend *be, int device, size_t mem_budget);
 void backend_cuda_free(struct backend *be);
 /* The bound on the dP workspace of the deterministic attention backward's cuDNN calls (default
- * ATTN_TILE_WORKSPACE_DEFAULT, common/attn_tiles.h); tests set it small to cut calls into tiles. */
+ * ATTN_TILE_WORKSPACE_DEFAULT, common/attn_tiles.h): the worker sets the plan's; tests set it small
+ * to cut calls into tiles. */
 void backend_cuda_set_attention_tile_limit(struct backend *be, size_t bytes);
 /* Document windows whose documents are shorter than this (the token-weighted mean length) run the
  * built-in attention kernels, the others cuDNN's over a table of the documents (default

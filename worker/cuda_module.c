@@ -47,6 +47,14 @@ int backend_cuda_init(struct backend *be, int device, size_t mem_budget)
     return init ? init(be, device, mem_budget) : -1;
 }
 
+void backend_cuda_set_attention_tile_limit(struct backend *be, size_t bytes)
+{
+    void (*set)(struct backend *, size_t);
+    *(void **)&set = cuda_entry("backend_cuda_set_attention_tile_limit");
+    if (set) /* the module loaded for backend_cuda_init already */
+        set(be, bytes);
+}
+
 int cuda_probe_topology(struct topology *t)
 {
     int (*probe)(struct topology *);

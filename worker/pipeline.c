@@ -317,6 +317,10 @@ static int worker_setup(struct worker *w, const struct worker_args *args)
     if (rc != 0)
         return -1;
     w->be.deterministic = h->job.deterministic;
+#ifdef SD_HAVE_CUDA
+    if (h->job.device == DEVICE_CUDA && h->plan.attn_tile_bytes > 0) /* the plan's bound: a restart tiles alike */
+        backend_cuda_set_attention_tile_limit(&w->be, (size_t)h->plan.attn_tile_bytes);
+#endif
     snprintf(w->slot->device_name, sizeof w->slot->device_name, "%s", w->be.device_name);
     w->slot->peak_flops = w->be.peak_flops;
     /* the weights the workers stream (mapped read-only): params16, or the master alone */
