@@ -79,6 +79,17 @@ int hosts_init(const struct hosts *h)
     return 0;
 }
 
+int hosts_least_gpu_memory(const struct hosts *h, struct topology *t)
+{
+    if (h->count == 1)
+        return 0;
+    int least[JOB_MAX_GPUS];
+    if (MPI_Allreduce(t->memory_mib, least, t->gpus, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return sd_err("host %d: cannot compare the GPUs' memory with the other hosts", h->index);
+    memcpy(t->memory_mib, least, sizeof(int) * (size_t)t->gpus);
+    return 0;
+}
+
 int hosts_share_plan(const struct hosts *h, struct plan *plan)
 {
     if (h->count == 1)

@@ -23,6 +23,9 @@ int hosts_detect(struct hosts *h);
 
 /* MPI_Init_thread (only with several hosts; later MPI calls come from one thread at a time). */
 int hosts_init(const struct hosts *h);
+/* Sets each rank's GPU memory in t to the least any host has for that rank (-1 where any host does
+ * not know it): host 0 plans for every host, so gpu_mem = auto must fit the smallest GPUs. */
+int hosts_least_gpu_memory(const struct hosts *h, struct topology *t);
 /* Every host takes host 0's plan (the planner's timings may differ between hosts). Planned for
  * several hosts, it already has what they need (planner/search.c): gradients through host memory,
  * one post per micro-step, parameters replicated, read from the bf16 copy. */

@@ -543,7 +543,10 @@ static int create_or_adopt(struct job_state *st)
             return sd_err_prefix("[data] val");
         data_close(&data);
     }
-    if (plan_make(job, &st->cfg, &st->topo, (int)sysconf(_SC_NPROCESSORS_ONLN), st->hosts.count, &st->plan) != 0)
+    /* several hosts: gpu_mem = auto plans for the smallest GPUs of any host */
+    struct topology plan_topo = st->topo;
+    if (hosts_least_gpu_memory(&st->hosts, &plan_topo) != 0 ||
+        plan_make(job, &st->cfg, &plan_topo, (int)sysconf(_SC_NPROCESSORS_ONLN), st->hosts.count, &st->plan) != 0)
         return -1;
     /* several hosts: host 0's plan for one host on every host, and the state shaped for every
      * rank of the job (the relay posts the other hosts' gradients as theirs) */
