@@ -181,7 +181,8 @@ static int run_backward(struct backend *be, shape s, int reps)
 
 /* The deterministic backward alone at one shape in other calls than the default bound's (issue 31:
  * whether more heads per call, longer chunks or both buy speed): ng KV heads a call in chunks of at
- * most rows rows, ng = 0 the default; milliseconds, TFLOP/s and each call's dP. */
+ * most rows rows, ng = 0 the default; milliseconds, TFLOP/s and each call's dP. Then the bounds
+ * the planner chooses from, 1 to 8 GiB, each with its repeat and its difference from 1 GiB's. */
 static int run_det_tilings(struct backend *be, shape s, int reps)
 {
     struct bufs bb;
@@ -210,9 +211,54 @@ static int run_det_tilings(struct backend *be, shape s, int reps)
                flops / ms * 1e-9);
     }
     cx->attn_tile_ng = cx->attn_tile_rows = 0;
+    /* the bounds the planner may choose (search_tiles): each repeat bit-identical, and against the
+     * default bound's gradients (another order of fp32 sums, so close, not equal) */
+    size_t nk = (size_t)s.B * s.T * s.Hkv * s.D, sizes[3] = {bb.nq, nk, nk};
+    void *grads[3] = {bb.dq, bb.dk, bb.dv};
+    auto snapshot = [&](std::vector<uint16_t> &h) {
+        CUDA_CHECK(cudaStreamSynchronize(cx->compute));
+        h.resize(sizes[0] + sizes[1] + sizes[2]);
+        for (size_t i = 0, at = 0; i < 3; at += sizes[i], i++)
+            CUDA_CHECK(cudaMemcpy(h.data() + at, grads[i], sizes[i] * 2, cudaMemcpyDeviceToHost));
+    };
+    auto value = [](uint16_t b) {
+        uint32_t u = (uint32_t)b << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return (double)f;
+    };
+    std::vector<uint16_t> base, first, again;
+    int rc = 0;
+    for (size_t gib = 1; gib <= 8; gib *= 2) {
+        cx->attn_tile_limit = gib << 30;
+        struct attn_tiling t;
+        cuda_attention_tiling(be, s.B, s.T, s.Hq, s.Hkv, &t);
+        float ms = time_ms(cx->compute, 1, reps, [&] {
+            o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T,
+                             s.Hq, s.Hkv, s.D);
+        });
+        snapshot(first);
+        o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T, s.Hq,
+                         s.Hkv, s.D);
+        snapshot(again);
+        if (gib == 1)
+            base = first;
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < base.size(); i++) {
+            worst = fmax(worst, fabs(value(first[i]) - value(base[i])));
+            scale = fmax(scale, fabs(value(base[i])));
+        }
+        bool same = first == again;
+        rc |= !same;
+        printf("attention backward B=%d T=%d deterministic, bound %zu GiB: calls of %d KV heads x %d rows (%zu MiB of "
+               "dP): %.3f ms %.1f TFLOP/s, repeat %s, largest difference from the 1 GiB bound's %.3g (of %.3g)\n",
+               s.B, s.T, gib, t.ng, t.chunk, attn_tiling_dp_bytes(&t) >> 20, ms, flops / ms * 1e-9,
+               same ? "bit-identical" : "DIFFERS", worst, scale);
+    }
+    cx->attn_tile_limit = ATTN_TILE_WORKSPACE_DEFAULT;
     be->deterministic = was;
     bufs_free(be, &bb);
-    return 0;
+    return rc;
 }
 
 /* Document positions (B,T) of documents drawn from mix, laid greedily into rows (a document that
