@@ -13,7 +13,8 @@
 #      runtime.deterministic (true, the default, then false).
 # PARTS="2 3" (say) runs only those parts (default "1 2 3"). Part 3: DOC_MU lists the lognormal's mu
 # of each length mix (default 6.0; 4.6 gives mean ~150, median 100), DOC_MODES the deterministic
-# settings (default "true false"), DOC_ROUNDS how many times each pair runs (default 1).
+# settings (default "true false"), DOC_ROUNDS how many times each pair runs (default 1), DOC_STEPS
+# the steps of each run (default 12; the median is of steps 4 on).
 # Logs under $OUT (or .gpuout/); the summary in $OUT/summary.log.
 . bench/gpu_build.sh
 
@@ -93,7 +94,7 @@ for det in ${DOC_MODES:-true false}; do
             run=$mu-$att-$det-$round
             SLIDEDP_VERBOSE_ATTENTION=1 timeout 500 "$build/slidedp-launch" --device cuda "${job_args[@]}" \
                 "data.train=$d/train-$mu.bin" "log.dir=$d/$run/log" "checkpoint.dir=$d/$run/ckpt" train.grad_accum=8 \
-                train.steps=12 data.attention=$att runtime.deterministic=$det > "$out/step_$run.log" 2>&1
+                train.steps=${DOC_STEPS:-12} data.attention=$att runtime.deterministic=$det > "$out/step_$run.log" 2>&1
             log "train mu $mu, $att attention, deterministic $det, round $round: exit $?"
             grep -E '^plan: ' "$out/step_$run.log" | head -2 | sed 's/^/  /' | tee -a "$out/summary.log"
             # cuDNN plans built during the run (one per new shape; a document plan per table bucket)
@@ -118,7 +119,7 @@ for det in modes:
             print(f"  {att}, deterministic {det}, round {k}, every step: {' '.join(f'{x:.2f}' for x in steps)}")
         r[att] = statistics.median(pooled) if pooled else float("nan")
     print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mu {float(mu):.1f}), deterministic {det}: "
-          f"median step (steps 4-12 of {rounds} round(s)) document {r['document']:.3f} s, window {r['window']:.3f} s, "
+          f"median step (steps 4-{len(steps)} of {rounds} round(s)) document {r['document']:.3f} s, window {r['window']:.3f} s, "
           f"window/document {r['window'] / r['document']:.2f}")
 PY
 done
