@@ -91,19 +91,34 @@ static int bufs_alloc(struct backend *be, shape s, struct bufs *b)
     return 0;
 }
 
+/* The attention backward as the engine calls it (deterministic or not as be says), into bb's dq, dk, dv. */
+static void bwd_call(struct backend *be, const struct bufs &bb, shape s)
+{
+    be->ops->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T, s.Hq,
+                           s.Hkv, s.D);
+}
+
+/* dq, dk and dv (bf16) copied to h once the queued work is done, to compare runs bit for bit. */
+static void grads_snapshot(struct backend *be, const struct bufs &bb, shape s, std::vector<uint16_t> &h)
+{
+    size_t nk = (size_t)s.B * s.T * s.Hkv * s.D, sizes[3] = {bb.nq, nk, nk};
+    void *grads[3] = {bb.dq, bb.dk, bb.dv};
+    CUDA_CHECK(cudaStreamSynchronize(cuda_ctx_of(be)->compute));
+    h.resize(sizes[0] + sizes[1] + sizes[2]);
+    for (size_t i = 0, at = 0; i < 3; at += sizes[i], i++)
+        CUDA_CHECK(cudaMemcpy(h.data() + at, grads[i], sizes[i] * 2, cudaMemcpyDeviceToHost));
+}
+
 static int run(struct backend *be, shape s)
 {
     const struct backend_ops *o = be->ops;
     struct bufs bb;
     if (bufs_alloc(be, s, &bb) != 0)
         return 1;
-    size_t nq = bb.nq;
-    void *q = bb.q, *k = bb.k, *v = bb.v, *out = bb.out, *dout = bb.dout, *dq = bb.dq, *dk = bb.dk, *dv = bb.dv;
-    float *lse = bb.lse;
     cudaStream_t st = cuda_ctx_of(be)->compute;
     int reps = s.T >= 16384 ? 5 : 20;
-    auto fwd = [&] { o->attention_fwd(be, out, lse, q, k, v, NULL, s.B, s.T, s.Hq, s.Hkv, s.D); };
-    auto bwd = [&] { o->attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, NULL, s.B, s.T, s.Hq, s.Hkv, s.D); };
+    auto fwd = [&] { o->attention_fwd(be, bb.out, bb.lse, bb.q, bb.k, bb.v, NULL, s.B, s.T, s.Hq, s.Hkv, s.D); };
+    auto bwd = [&] { bwd_call(be, bb, s); };
     float t_f = time_ms(st, 3, reps, fwd);
     float t_b = time_ms(st, 3, reps, bwd);
     float t_fb = time_ms(st, 3, reps, [&] {
@@ -112,8 +127,8 @@ static int run(struct backend *be, shape s)
     });
     double flops_f = 4.0 * s.B * s.Hq * (double)s.T * s.T * s.D / 2.0, flops_b = 2.5 * flops_f;
     /* the outputs must be finite: a broken kernel can be fast */
-    std::vector<float> h(nq);
-    o->download_f32(be, h.data(), dq, BE_BF16, nq);
+    std::vector<float> h(bb.nq);
+    o->download_f32(be, h.data(), bb.dq, BE_BF16, bb.nq);
     size_t bad = 0;
     for (float x : h)
         bad += !std::isfinite(x);
@@ -138,26 +153,15 @@ static int run_backward(struct backend *be, shape s, int reps)
     if (bufs_alloc(be, s, &bb) != 0)
         return 1;
     cudaStream_t st = cuda_ctx_of(be)->compute;
-    size_t nk = (size_t)s.B * s.T * s.Hkv * s.D, sizes[3] = {bb.nq * 2, nk * 2, nk * 2};
-    void *grads[3] = {bb.dq, bb.dk, bb.dv};
     o->attention_fwd(be, bb.out, bb.lse, bb.q, bb.k, bb.v, NULL, s.B, s.T, s.Hq, s.Hkv, s.D);
-    auto engine = [&] {
-        o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T, s.Hq,
-                         s.Hkv, s.D);
-    };
-    auto snapshot = [&](std::vector<char> &h) {
-        CUDA_CHECK(cudaStreamSynchronize(st));
-        h.resize(sizes[0] + sizes[1] + sizes[2]);
-        for (int i = 0, at = 0; i < 3; at += (int)sizes[i], i++)
-            CUDA_CHECK(cudaMemcpy(h.data() + at, grads[i], sizes[i], cudaMemcpyDeviceToHost));
-    };
+    auto engine = [&] { bwd_call(be, bb, s); };
     bool was = be->deterministic;
     be->deterministic = true;
     float t_det = time_ms(st, 1, reps, engine);
-    std::vector<char> first, again;
-    snapshot(first);
+    std::vector<uint16_t> first, again;
+    grads_snapshot(be, bb, s, first);
     engine();
-    snapshot(again);
+    grads_snapshot(be, bb, s, again);
     bool same = first == again;
     float t_builtin = time_ms(st, 1, reps, [&] {
         cuda_attention_bwd_builtin(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T,
@@ -196,15 +200,13 @@ static int run_det_tilings(struct backend *be, shape s, int reps)
     double flops = 2.5 * 4.0 * s.B * s.Hq * (double)s.T * s.T * s.D / 2.0;
     static const int shapes[][2] = {{0, 0}, {2, 16384}, {4, 8192}, {8, 4096}, {1, 32768}, {4, 16384}, {8, 8192},
                                     {2, 32768}, {8, 16384}};
+    auto engine = [&] { bwd_call(be, bb, s); };
     for (const auto &sh : shapes) {
         cx->attn_tile_ng = sh[0];
         cx->attn_tile_rows = sh[1];
         struct attn_tiling t;
         cuda_attention_tiling(be, s.B, s.T, s.Hq, s.Hkv, &t);
-        float ms = time_ms(cx->compute, 1, reps, [&] {
-            o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T,
-                             s.Hq, s.Hkv, s.D);
-        });
+        float ms = time_ms(cx->compute, 1, reps, engine);
         printf("attention backward B=%d T=%d deterministic, calls of %d KV heads x %d rows (%d chunks, %zu MiB of "
                "dP)%s: %.3f ms %.1f TFLOP/s\n",
                s.B, s.T, t.ng, t.chunk, t.nchunks, attn_tiling_dp_bytes(&t) >> 20, sh[0] ? "" : " (default)", ms,
@@ -213,14 +215,6 @@ static int run_det_tilings(struct backend *be, shape s, int reps)
     cx->attn_tile_ng = cx->attn_tile_rows = 0;
     /* the bounds the planner may choose (search_tiles): each repeat bit-identical, and against the
      * default bound's gradients (another order of fp32 sums, so close, not equal) */
-    size_t nk = (size_t)s.B * s.T * s.Hkv * s.D, sizes[3] = {bb.nq, nk, nk};
-    void *grads[3] = {bb.dq, bb.dk, bb.dv};
-    auto snapshot = [&](std::vector<uint16_t> &h) {
-        CUDA_CHECK(cudaStreamSynchronize(cx->compute));
-        h.resize(sizes[0] + sizes[1] + sizes[2]);
-        for (size_t i = 0, at = 0; i < 3; at += sizes[i], i++)
-            CUDA_CHECK(cudaMemcpy(h.data() + at, grads[i], sizes[i] * 2, cudaMemcpyDeviceToHost));
-    };
     auto value = [](uint16_t b) {
         uint32_t u = (uint32_t)b << 16;
         float f;
@@ -233,14 +227,10 @@ static int run_det_tilings(struct backend *be, shape s, int reps)
         cx->attn_tile_limit = gib << 30;
         struct attn_tiling t;
         cuda_attention_tiling(be, s.B, s.T, s.Hq, s.Hkv, &t);
-        float ms = time_ms(cx->compute, 1, reps, [&] {
-            o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T,
-                             s.Hq, s.Hkv, s.D);
-        });
-        snapshot(first);
-        o->attention_bwd(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, NULL, s.B, s.T, s.Hq,
-                         s.Hkv, s.D);
-        snapshot(again);
+        float ms = time_ms(cx->compute, 1, reps, engine);
+        grads_snapshot(be, bb, s, first);
+        engine();
+        grads_snapshot(be, bb, s, again);
         if (gib == 1)
             base = first;
         double worst = 0, scale = 0;

@@ -129,6 +129,12 @@ shm_at_least() {
     [ "${free:-0}" -ge "$1" ] || mount -o remount,size="$2" /dev/shm
 }
 
+# peer_step LOG: the median step seconds torch_peer.py (the PyTorch FSDP2 peer) printed in LOG, its
+# RESULT line; empty when it printed none (it failed, or ran out of time).
+peer_step() {
+    grep '^RESULT' "$1" | python3 -c "import json,sys; print(json.loads(sys.stdin.read()[7:])['step_s'])" 2>/dev/null
+}
+
 bench_job() {
     job_args=("$bench_ini" "data.train=$1/train.bin" "log.dir=$1/log" "checkpoint.dir=$1/ckpt")
 }

@@ -56,8 +56,9 @@ rm -rf "$d" && mkdir -p "$d"
 rounds=${DOC_ROUNDS:-1}
 for mu in ${DOC_MU:-6.0}; do
 python3 - "$d/train-$mu.bin" "$mu" <<'PY'
-# An SFT shard of packed 4096-token windows: documents of lognormal lengths exp(N(mu, 0.9)) (mu 6.0: mean
-# ~605, median ~403) clipped at 4096, laid greedily; every token but a document's first is a target.
+# An SFT shard of packed 4096-token windows: documents of lognormal lengths exp(N(mu, 0.9)) (mu 6.0:
+# mean ~605, median ~403) clipped at 4096, laid greedily; every token but a document's first is a
+# target.
 import sys, numpy as np
 rng = np.random.default_rng(30)
 T, windows = 4096, 2 * 8 * 12
@@ -103,9 +104,9 @@ for det in ${DOC_MODES:-true false}; do
         done
     done
 done
-python3 - "$d" "${DOC_MODES:-true false}" "$mu" "$rounds" <<'PY' | tee -a "$out/summary.log"
+python3 - "$d" "${DOC_MODES:-true false}" "$mu" "$rounds" "${DOC_STEPS:-12}" <<'PY' | tee -a "$out/summary.log"
 import json, statistics, sys
-d, modes, mu, rounds = sys.argv[1], sys.argv[2].split(), sys.argv[3], int(sys.argv[4])
+d, modes, mu, rounds, last = sys.argv[1], sys.argv[2].split(), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 for det in modes:
     r = {}
     for att in ("document", "window"):
@@ -119,7 +120,7 @@ for det in modes:
             print(f"  {att}, deterministic {det}, round {k}, every step: {' '.join(f'{x:.2f}' for x in steps)}")
         r[att] = statistics.median(pooled) if pooled else float("nan")
     print(f"Qwen3-1.7B, seq 4096, 2 x 8 sequences per step, lognormal documents (mu {float(mu):.1f}), deterministic {det}: "
-          f"median step (steps 4-{len(steps)} of {rounds} round(s)) document {r['document']:.3f} s, window {r['window']:.3f} s, "
+          f"median step (steps 4-{last} of {rounds} round(s)) document {r['document']:.3f} s, window {r['window']:.3f} s, "
           f"window/document {r['window'] / r['document']:.2f}")
 PY
 done

@@ -84,7 +84,7 @@ peer_run() { # NAME SECONDS ARGS...
     timeout "$limit" python3 "$peer" "$@" > "$out/$name.log" 2>&1
     local rc=$?
     kill $smi 2>/dev/null
-    local t=$(grep '^RESULT' "$out/$name.log" | python3 -c "import json,sys; print(json.loads(sys.stdin.read()[7:])['step_s'])" 2>/dev/null)
+    local t=$(peer_step "$out/$name.log")
     log "$name: exit $rc, step ${t:-nan} s, peak GPU $(sort -n "$out/${name}_gpu.log" | tail -1) MiB; last lines:"
     tail -3 "$out/$name.log" | tee -a "$out/summary.log"
 }

@@ -46,7 +46,7 @@ peer() { # name, seconds, args...
     local name=$1 limit=$(left $2); shift 2
     [ "$limit" -lt 20 ] && { log "$name: skipped (no time left)"; return; }
     timeout "$limit" python3 "$peer" "$@" > "$out/$name.log" 2>&1
-    local t=$(grep '^RESULT' "$out/$name.log" | python3 -c "import json,sys; print(json.loads(sys.stdin.read()[7:])['step_s'])" 2>/dev/null)
+    local t=$(peer_step "$out/$name.log")
     echo "RESULT $name ${t:-nan}" >> "$out/results.log"
     log "$name: median step ${t:-nan} s"
 }

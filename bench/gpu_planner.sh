@@ -50,7 +50,7 @@ if [ -n "${ISSUE31:-}" ]; then
         [ "$limit" -gt 150 ] && limit=150
         [ "$limit" -lt 40 ] && { log "$name: skipped (no time left)"; return; }
         timeout "$limit" python3 "${GPUDEPS:-.gpudeps}/torch_peer.py" "$@" > "$out/peer_$name.log" 2>&1
-        local t=$(grep '^RESULT' "$out/peer_$name.log" | python3 -c "import json,sys; print(json.loads(sys.stdin.read()[7:])['step_s'])" 2>/dev/null)
+        local t=$(peer_step "$out/peer_$name.log")
         log "peer $name ($*): median step ${t:-nan} s"
     }
     for det in ${ISSUE31_MODES:-true false}; do

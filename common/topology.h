@@ -1,6 +1,6 @@
-/* The GPUs of a job's ranks and the links between them: PCI bus id, NUMA node and PCIe switch of
- * each, its memory, which pairs can copy peer to peer and which over NVLink. Read from a description file
- * ([runtime] topology), probed by `slidedp-worker --probe-topology` (the launcher never touches
+/* The GPUs of a job's ranks and the links between them: PCI bus id, NUMA node, PCIe switch and
+ * memory of each, which pairs can copy peer to peer and which over NVLink. Read from a description
+ * file ([runtime] topology), probed by `slidedp-worker --probe-topology` (the launcher never touches
  * CUDA), or synthetic on the CPU backend. The planner chooses routes from it; the launcher prints
  * it and stores it by value in the ctl region. */
 #ifndef SD_TOPOLOGY_H

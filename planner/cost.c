@@ -97,11 +97,17 @@ static double attn_bwd_s(const struct dev *d, int B, int T, int Hq, int D, doubl
            d->g->launch_s;
 }
 
+/* A plan's attn_tile_bytes as the worker applies it: 0 (not set) is the backend's default. */
+static size_t tile_bound(int64_t plan_bytes)
+{
+    return plan_bytes > 0 ? (size_t)plan_bytes : ATTN_TILE_WORKSPACE_DEFAULT;
+}
+
 double cost_det_tile_speed(int B, int T, int Hq, int Hkv, int64_t bound, double gain)
 {
     struct attn_tiling def, t;
     attn_tiling_choose(B, T, Hq, Hkv, ATTN_TILE_WORKSPACE_DEFAULT, &def);
-    attn_tiling_choose(B, T, Hq, Hkv, bound > 0 ? (size_t)bound : ATTN_TILE_WORKSPACE_DEFAULT, &t);
+    attn_tiling_choose(B, T, Hq, Hkv, tile_bound(bound), &t);
     double ratio = (double)attn_tiling_dp_bytes(&t) / (double)attn_tiling_dp_bytes(&def);
     if ((def.nchunks == 1 && def.ng == Hkv) || ratio <= 1) /* whole sequences already, or no larger */
         return 1;
@@ -288,11 +294,9 @@ void cost_gpu_memory(const struct cost_case *mc, int kept, struct gpu_mem_pred *
      * attn_tile_bytes of dP, with the calls' lse, row sums and, in chunks, the fp32 sums
      * (common/attn_tiles.h; a bound that grows with T, for the longest-sequence search) */
     if (!cpu && job->deterministic) {
-        int64_t bound = mc->plan->attn_tile_bytes;
-        if (bound <= 0)
-            bound = (int64_t)ATTN_TILE_WORKSPACE_DEFAULT;
         int64_t tiles = (int64_t)attn_tiling_scratch_bound(job->micro_batch, job->seq_len, cfg->num_heads,
-                                                           cfg->num_kv_heads, (int)D, (size_t)bound);
+                                                           cfg->num_kv_heads, (int)D,
+                                                           tile_bound(mc->plan->attn_tile_bytes));
         attn_scratch = tiles > attn_scratch ? tiles : attn_scratch;
     }
     int64_t op_scratch = attn_scratch > 264 * C * 4 ? attn_scratch : 264 * C * 4;

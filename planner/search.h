@@ -83,8 +83,8 @@ struct plan_info {
 };
 
 /* Fills plan with the fastest plan for `hosts` hosts of job->gpus ranks each (docs/design.md §10.8)
- * that fits runtime.gpu_mem (auto: plan_gpu_budget) and host memory (per host), honouring every choice job.ini makes;
- * the routes are those topo (job->gpus ranks) allows: peer routes only where every pair of GPUs
+ * that fits runtime.gpu_mem (auto: plan_gpu_budget) and host memory (per host), honouring every
+ * choice job.ini makes; the routes are those topo (job->gpus ranks) allows: peer routes only where every pair of GPUs
  * has P2P, and never chosen automatically on the CPU backend. Fails with a message naming the
  * job.ini key when a forced choice is impossible, and with the smallest budget that would do when
  * nothing fits. Measures or reads the host's calibration. The job is as job_config_load validated

@@ -1,6 +1,6 @@
 /* The CUDA runtime's view of the visible GPUs for `slidedp-worker --probe-topology` (see
- * worker/probe.h): bus ids, memory, peer access. NVML is not linked, so NVLink is read from the peer attributes: native atomics
- * between two GPUs are offered over NVLink and not over PCIe. */
+ * worker/probe.h): bus ids, memory, peer access. NVML is not linked, so NVLink is read from the peer
+ * attributes: native atomics between two GPUs are offered over NVLink and not over PCIe. */
 #include <ctype.h>
 #include <cuda_runtime.h>
 #include <string.h>
