@@ -17,8 +17,9 @@
 # source x optimizer processes and threads the engine accepts; the summary gives, per group, the
 # fastest measured plan and how far auto is from it (goal: within 5%), and every plan's prediction
 # from this host's calibration and from examples/h200-host.json against its step (goal: within 15%).
-# GRID_CLIP=nc or GRID_CLIP=c runs one half of a grid (without or with clipping): a whole grid needs
-# more than one call's 600 s (1.7B: 17 runs of up to 30 s after the calibration; 8B: 8 of 75 s).
+# GRID_CLIP=nc or GRID_CLIP=c runs one half of a grid (without or with clipping). The 1.7B grid (13
+# runs of about 22 s, 4 more with GRID_ROUNDS=1) fits one call with the calibration; the 8B one (8
+# runs of up to 90 s, 4 more) needs a call for each half.
 [ -n "${NO_BUILD:-}" ] || . bench/gpu_build.sh
 w=/tmp/issue32
 rm -rf "$w" && mkdir -p "$w"
@@ -39,9 +40,9 @@ bf16g=runtime.grad_dtype=bf16
 if wanted calibrate && [ "$(left 90)" -ge 60 ]; then
     job qwen3-1.7b 1
     timeout "$(left 90)" "$build/slidedp-plan" "$w/job.ini" --recalibrate --json > "$out/calibration.json" 2>&1
-    log "calibrated: $(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['calibration']['host']; \
-print({k: c[k][-1] for k in ('adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')})" \
-    "$out/calibration.json" 2>&1)"
+    log "calibrated (threads: G units/s): $(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['calibration']['host']; \
+print('; '.join(k + ' ' + ' '.join(f\"{p['threads']}:{p['value'] / 1e9:.2f}\" for p in c[k]) for k in \
+('memcpy_bw', 'adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')))" "$out/calibration.json" 2>&1)"
 fi
 
 : > "$out/issue32.results"
@@ -60,7 +61,12 @@ run() {
     local smi=$!
     timeout "$limit" "$build/slidedp-launch" "$w/job.ini" $bf16g "$@" > "$out/$name.log" 2>&1 &
     local pid=$!
-    ( while kill -0 $pid 2>/dev/null; do host_bytes $pid "$out/$name.log"; sleep 0.5; done ) > "$out/${name}_host.log" &
+    # every 0.5 s: the host bytes, and the optimizers' busy seconds (slidedp-stat, with the time)
+    ( while kill -0 $pid 2>/dev/null; do
+        host_bytes $pid "$out/$name.log"
+        echo "$(date +%s.%N) $("$build/slidedp-stat" --json 2>/dev/null | tr -d '\n')" >> "$out/${name}_stat.log"
+        sleep 0.5
+    done ) > "$out/${name}_host.log" &
     local sampler=$! killed=""
     if [ "$kill" = worker ]; then
         while kill -0 $pid 2>/dev/null && [ "$(cat "$w/log/metrics.jsonl" 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.05; done
@@ -77,16 +83,16 @@ run() {
     kill $smi 2>/dev/null
     wait $smi $sampler 2>/dev/null
     cp "$w/log/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
-    python3 - "$name" "$rc" "$out" "$killed" "$*" <<'PY' | tee -a "$out/issue32.results"
+    python3 - "$name" "$rc" "$out" "$killed" "$*" "${WARM_STEPS:-2}" <<'PY' | tee -a "$out/issue32.results"
 import json, sys, statistics as st
-name, rc, out, killed, args = sys.argv[1:]
+name, rc, out, killed, args, warm = sys.argv[1:]
 def lines(path):
     try:
         return [l for l in open(path) if l.strip()]
     except OSError:
         return []
 rows = [json.loads(l) for l in lines(f"{out}/{name}.metrics.jsonl")]
-x = [r["step_s"] for r in rows][2:]
+x = [r["step_s"] for r in rows][int(warm):]
 gpu = [int(l) for l in lines(f"{out}/{name}_gpu.log") if l.strip().isdigit()]
 host = [int(l) for l in lines(f"{out}/{name}_host.log") if l.strip().isdigit()]
 try:
@@ -100,12 +106,27 @@ except (OSError, ValueError, KeyError):
     params, planned, largest, fits, chosen = float("nan"), float("nan"), {}, False, ""
 try:
     predicted_file = json.load(open(f"{out}/{name}.plan_file.json"))["predicted"]["step_s"]
+    predicted_optim = json.load(open(f"{out}/{name}.plan.json"))["predicted"]["optim_s"]
 except (OSError, ValueError, KeyError):
-    predicted_file = float("nan")
+    predicted_file = predicted_optim = float("nan")
+# the busiest optimizer's share of the time from the first steady step to the end, times the step:
+# its busy seconds (reducing and updating) per step, beside the planner's optim_s
+stat = []
+for l in lines(f"{out}/{name}_stat.log"):
+    t, _, j = l.partition(" ")
+    try:
+        j = json.loads(j)
+        stat.append((float(t), j["step"], [o["busy_s"] for o in j["optimizers"]]))
+    except (ValueError, KeyError, TypeError):
+        pass
+stat = [x for x in stat if x[1] >= int(warm) and len(x[2]) == len(stat[-1][2])]
+optim_busy = (max((b - a) for a, b in zip(stat[0][2], stat[-1][2])) / (stat[-1][0] - stat[0][0]) * st.median(x)
+              if len(stat) >= 2 and x and stat[-1][0] > stat[0][0] else float("nan"))
 err = [l.strip() for l in lines(f"{out}/{name}.log") if "slidedp-launch:" in l][:1]
-print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"),
+print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"), "steps": x,
                   "predicted": rows[0]["predicted_step_s"] if rows else float("nan"),
-                  "predicted_file": predicted_file, "plan": chosen,
+                  "predicted_file": predicted_file, "plan": chosen, "optim_busy": optim_busy,
+                  "predicted_optim": predicted_optim,
                   "peak_host": max(host) if host else float("nan"), "peak_gpu_mib": max(gpu) if gpu else float("nan"),
                   "params": params, "planned_host": planned, "plan_fits": fits, "largest_layers": largest,
                   "losses": [r["loss"] for r in rows], "norms": [r["grad_norm"] for r in rows], "killed": killed,
@@ -124,11 +145,15 @@ for st in 8bit bf16 fp32; do run q8_$st 60 none train.optimizer_state=$st; done
 job qwen3-1.7b 12
 for st in 8bit bf16 fp32; do run q17_$st 30 none train.optimizer_state=$st; done
 # The plan grid (GRID=17 or GRID=8): per group (model, clipping), auto and every combination of
-# weights source x update mode x optimizer processes and threads the engine accepts (the update
+# weights source x update mode x optimizer processes and threads (1 x 15, 2 x 7, and 1 x 14 where
+# the update runs during the backward: the issue's hand-picked plan) the engine accepts (the update
 # during the backward needs the bf16 copy and no clipping). The copy of the 8B shape needs more
-# host memory than the host has, so its grid streams the master.
+# host memory than the host has, so its grid streams the master. Steps of one run vary by about
+# 5% and identical plans by as much from run to run, so each group then runs auto and its fastest
+# plan again, GRID_ROUNDS more times each (default 1), alternating which goes first, and the summary
+# pools each plan's steps over its runs. The first WARM_STEPS steps of a run are left out.
 grid() { # TAG STEPS SECONDS
-    local tag=$1 steps=$2 secs=$3 clip src mode kt
+    local tag=$1 steps=$2 secs=$3 clip src mode kt round
     job "$( [ "$tag" = 17 ] && echo qwen3-1.7b || echo qwen3-8b)" "$steps"
     for clip in ${GRID_CLIP:-nc c}; do
         local ca=$([ $clip = nc ] && echo train.grad_clip=0)
@@ -137,17 +162,42 @@ grid() { # TAG STEPS SECONDS
             [ "$tag" = 8 ] && [ $src = bf16_copy ] && continue
             for mode in after_backward during_backward; do
                 [ $mode = during_backward ] && { [ $clip = c ] || [ $src = master ]; } && continue
-                for kt in 1x15 1x14 2x7; do
+                for kt in 1x15 2x7 $([ $mode = during_backward ] && echo 1x14); do
                     run g${tag}_${clip}_${src%%_*}_${mode%%_*}_$kt "$secs" none $ca runtime.weights_source=$src \
                         runtime.update_mode=$mode runtime.optim_procs=${kt%x*} runtime.optim_threads=${kt#*x}
                 done
             done
         done
+        # the group's fastest plan but auto's own (its name and overrides as the run took them)
+        local best
+        best=$(python3 - "$out/issue32.results" "g${tag}_${clip}_" <<'PY'
+import json, sys
+rs = [r for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))
+      if r["name"].startswith(sys.argv[2]) and r["rc"] == 0 and r["measured"] == r["measured"]]
+auto = [r["plan"] for r in rs if r["name"].endswith("_auto")]
+rs = [r for r in rs if r["plan"] not in auto]
+best = min(rs, key=lambda r: r["measured"]) if rs else None
+print(f"{best['name']} {best['args']}" if best else "")
+PY
+)
+        for round in $(seq 2 $((1 + ${GRID_ROUNDS:-1}))); do
+            local first=auto
+            [ $((round % 2)) = 0 ] && [ -n "$best" ] && first=best
+            for which in $first $([ $first = auto ] && echo best || echo auto); do
+                if [ $which = auto ]; then
+                    run g${tag}_${clip}_auto_r$round "$secs" none $ca
+                elif [ -n "$best" ]; then
+                    # shellcheck disable=SC2086 # the overrides split into words
+                    run ${best%% *}_r$round "$secs" none ${best#* }
+                fi
+            done
+        done
     done
 }
 if [ -n "${GRID:-}" ]; then
-    [ "$GRID" = 17 ] && grid 17 12 30
-    [ "$GRID" = 8 ] && grid 8 4 75
+    export WARM_STEPS=${WARM_STEPS:-4}
+    [ "$GRID" = 17 ] && grid 17 16 34
+    [ "$GRID" = 8 ] && grid 8 6 90
 fi
 
 # the update's rate per state on this host's threads (the optimizer's cores: all but one)
@@ -186,21 +236,34 @@ if a and b:
     for s, (x, y) in enumerate(zip(a["losses"], b["losses"]), 1):
         print(f"  step {s}: {x!r} {y!r}{'' if x == y else '  <-- differs'}")
     print(f"q14 plan: fits {a['plan_fits']}, host {a['planned_host'] / a['params']:.3f} B/param planned")
-# the plan grid: per group, auto against the fastest measured plan, and every prediction
-groups = {}
+# the plan grid: per group, each plan's steps pooled over its runs (auto's with those of the grid
+# plan it chose, and reruns NAME_r2 ...), auto against the fastest, and every prediction (this
+# host's calibration; h200-host.json's for reference)
+import re, statistics
+plans = {}
 for r in rows.values():
-    if r["name"].startswith("g") and r["rc"] == 0 and r["measured"] == r["measured"]:
-        groups.setdefault("_".join(r["name"].split("_")[:2]), []).append(r)
+    if r["name"].startswith("g") and r["rc"] == 0 and r.get("steps"):
+        group = "_".join(r["name"].split("_")[:2])
+        p = plans.setdefault((group, r["plan"]), dict(r, name="", steps=[], runs=0))
+        base = re.sub(r"_r[0-9]+$", "", r["name"])
+        if base.endswith("_auto") or not p["name"]:
+            p["name"] = base
+        p["steps"] += r["steps"]
+        p["runs"] += 1
+groups = {}
+for (group, _), p in plans.items():
+    p["measured"] = statistics.median(p["steps"])
+    groups.setdefault(group, []).append(p)
 for g, rs in sorted(groups.items()):
     best = min(rs, key=lambda r: r["measured"])
-    auto = [r for r in rs if r["name"].endswith("_auto")]
-    print(f"grid {g}: fastest {best['name']} {best['measured']:.3f} s ({best['plan']})")
-    for r in auto:
-        print(f"  auto ({r['plan']}) {r['measured']:.3f} s: {100 * (r['measured'] / best['measured'] - 1):+.1f}% "
-              f"from the fastest (goal within 5%)")
+    print(f"grid {g}: fastest {best['name']} {best['measured']:.3f} s ({best['plan']}; {best['runs']} run(s))")
+    for r in (r for r in rs if r["name"].endswith("_auto")):
+        print(f"  auto ({r['plan']}; {r['runs']} run(s)) {r['measured']:.3f} s: "
+              f"{100 * (r['measured'] / best['measured'] - 1):+.1f}% from the fastest (goal within 5%)")
     for r in sorted(rs, key=lambda r: r["measured"]):
         e, f = (100 * (r[k] / r["measured"] - 1) for k in ("predicted", "predicted_file"))
-        print(f"  {r['name']:28} {r['measured']:.3f} s  predicted {r['predicted']:.3f} ({e:+.1f}%)  "
-              f"h200-host.json {r['predicted_file']:.3f} ({f:+.1f}%)"
-              f"{'  <-- over 15%' if max(abs(e), abs(f)) > 15 else ''}")
+        print(f"  {r['name']:28} {r['measured']:.3f} s ({r['runs']} run(s), {len(r['steps'])} steps)  predicted "
+              f"{r['predicted']:.3f} ({e:+.1f}%){'  <-- over 15%' if abs(e) > 15 else ''}  "
+              f"h200-host.json {r['predicted_file']:.3f} ({f:+.1f}%)  busiest optimizer "
+              f"{r.get('optim_busy', float('nan')):.3f} s a step, predicted {r.get('predicted_optim', float('nan')):.3f}")
 PY

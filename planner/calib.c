@@ -248,12 +248,17 @@ static int stopped(void)
     return sd_err("stopped by SIGINT or SIGTERM while this host was measured; nothing was created");
 }
 
-static void thread_points(int ncpu, struct calib_curve *cv)
+/* 1, 2, 4, ... threads, then the counts an optimizer runs with beside one GPU's worker (ncpu - 2
+ * while its poster spins, ncpu - 1) and ncpu: memory saturates between the powers of two, and read
+ * linearly from 8 to 16 threads the curve put 14 and 15 below what they may measure. */
+void calib_thread_points(int ncpu, struct calib_curve *cv)
 {
     cv->n = 0;
-    for (int t = 1; t < ncpu && cv->n < CALIB_MAX_POINTS - 1; t *= 2)
+    for (int t = 1; t < ncpu && cv->n < CALIB_MAX_POINTS - 3; t *= 2)
         cv->threads[cv->n++] = t;
-    cv->threads[cv->n++] = ncpu;
+    for (int t = ncpu - 2; t <= ncpu; t++)
+        if (t >= 1 && (cv->n == 0 || t > cv->threads[cv->n - 1]))
+            cv->threads[cv->n++] = t;
 }
 
 static int64_t mem_available(void);
@@ -300,7 +305,7 @@ static int measure_memory(struct calib_host *h)
                 {PAR_ADAMW_8BIT, &h->adamw_8bit_rate, (double)n},
                 {PAR_SUMSQ_BF16, &h->sumsq_bf16_rate, (double)n}};
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++)
-        thread_points(h->ncpu, runs[k].curve);
+        calib_thread_points(h->ncpu, runs[k].curve);
     for (int i = 0; i < h->memcpy_bw.n && !rc; i++)
         for (size_t k = 0; k < sizeof runs / sizeof runs[0] && !rc; k++) {
             double t[3];

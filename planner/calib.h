@@ -18,7 +18,7 @@
 #define CALIB_MAX_POINTS 16
 #define CALIB_PATH_MAX 1100
 
-/* A rate measured at a few thread counts (1, 2, 4, ..., ncpu); read between them linearly. */
+/* A rate measured at a few thread counts (calib_thread_points); read between them linearly. */
 struct calib_curve {
     int n;
     int threads[CALIB_MAX_POINTS];
@@ -148,6 +148,8 @@ void calib_gpu_defaults(struct calib_gpu *g);
 /* A curve read at t threads: scaled by t / threads[0] below the fewest threads measured (at that
  * per-thread rate; a described host may give only its core count), clamped above the most. */
 double calib_curve_at(const struct calib_curve *cv, double t);
+/* The thread counts a host of ncpu CPUs is measured at: 1, 2, 4, ... and ncpu - 2, ncpu - 1, ncpu. */
+void calib_thread_points(int ncpu, struct calib_curve *cv);
 
 static inline double calib_gpu_get(const struct calib_gpu *g, int field)
 {

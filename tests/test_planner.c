@@ -990,6 +990,18 @@ static void test_hosts_qwen72b_described(void **state)
  * optimizer threads take at least half the cores the worker leaves. */
 static void test_described_host_optimizer_threads(void **state)
 {
+    /* a measured host: the powers of two, then the optimizer's own counts beside one worker */
+    const struct {
+        int ncpu, n, threads[10];
+    } points[] = {{1, 1, {1}}, {2, 2, {1, 2}}, {4, 4, {1, 2, 3, 4}}, {5, 4, {1, 2, 4, 5}},
+                  {16, 7, {1, 2, 4, 8, 14, 15, 16}}, {64, 9, {1, 2, 4, 8, 16, 32, 62, 63, 64}}};
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
+        struct calib_curve cv;
+        calib_thread_points(points[i].ncpu, &cv);
+        assert_int_equal(cv.n, points[i].n);
+        for (int k = 0; k < cv.n; k++)
+            assert_int_equal(cv.threads[k], points[i].threads[k]);
+    }
     struct calib_curve one_point = {.n = 1, .threads = {16}, .value = {3.2e9}};
     assert_float_equal(calib_curve_at(&one_point, 16), 3.2e9, 1);
     assert_float_equal(calib_curve_at(&one_point, 1), 0.2e9, 1);
