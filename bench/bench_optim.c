@@ -3,12 +3,18 @@
  * and copied into place, for crash safety), beside a plain memcpy of the same arrays on the same
  * threads; the journaled update reading bf16 gradients (runtime.grad_dtype = bf16: each block
  * widened first), with m and v in bf16 (train.optimizer_state = bf16, stochastic rounding), and
- * in 8 bits (train.optimizer_state = 8bit: codes and block scales); reports bytes touched per second. usage: bench_optim [N_millions=256] [threads=all] */
+ * in 8 bits (train.optimizer_state = 8bit: codes and block scales); reports bytes touched per second.
+ * The arrays live in anonymous memory, or (memory = shm) in POSIX shared memory as the job's state
+ * does, or (shm-locked) the same with its pages locked (mlock), as the workers' cudaHostRegister
+ * pins the master and the gradients but not m and v.
+ * usage: bench_optim [N_millions=256] [threads=all] [memory=anon|shm|shm-locked] */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -102,14 +108,56 @@ static double timed(struct job *base, int threads, int what)
     return now() - t0;
 }
 
+enum memory { MEM_ANON, MEM_SHM, MEM_SHM_LOCKED };
+
+/* `count` zeroed elements of `size` bytes in the given memory; exits on failure (a benchmark) */
+static void *zeroed(size_t count, size_t size, enum memory memory)
+{
+    size_t bytes = count * size;
+    if (memory == MEM_ANON) {
+        void *p = calloc(count, size);
+        if (!p)
+            exit(1);
+        return p;
+    }
+    static int objects;
+    char name[64];
+    snprintf(name, sizeof name, "/bench_optim.%d.%d", (int)getpid(), objects++);
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
+        perror("bench_optim: shm_open");
+        exit(1);
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    shm_unlink(name);
+    close(fd);
+    if (p == MAP_FAILED) {
+        perror("bench_optim: mmap");
+        exit(1);
+    }
+    memset(p, 0, bytes); /* fault the pages in, as the launcher's initialisation does */
+    if (memory == MEM_SHM_LOCKED && mlock(p, bytes) != 0) {
+        perror("bench_optim: mlock (RLIMIT_MEMLOCK?)");
+        exit(1);
+    }
+    return p;
+}
+
 int main(int argc, char **argv)
 {
     size_t n = (size_t)(argc > 1 ? atof(argv[1]) : 256) * 1000000;
     int threads = argc > 2 ? atoi(argv[2]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const char *mem_name = argc > 3 ? argv[3] : "anon";
+    enum memory mem = !strcmp(mem_name, "shm") ? MEM_SHM : !strcmp(mem_name, "shm-locked") ? MEM_SHM_LOCKED : MEM_ANON;
+    if (mem == MEM_ANON && strcmp(mem_name, "anon")) {
+        fprintf(stderr, "bench_optim: memory '%s' is none of anon, shm, shm-locked\n", mem_name);
+        return 2;
+    }
     struct job j = {.n = n, .isa = adamw_isa_detect()};
-    j.p = malloc(n * 4), j.m = calloc(n, 4), j.v = calloc(n, 4), j.g = malloc(n * 4), j.dst = malloc(n * 4);
-    j.p16 = malloc(n * 2), j.g16 = malloc(n * 2), j.m16 = calloc(n, 2), j.v16 = calloc(n, 2);
-    j.m8 = calloc(n, 1), j.v8 = calloc(n, 1), j.m_scale = calloc(n / 64 + 1, 1), j.v_scale = calloc(n / 64 + 1, 1);
+    j.p = zeroed(n, 4, mem), j.m = zeroed(n, 4, mem), j.v = zeroed(n, 4, mem), j.g = zeroed(n, 4, mem);
+    j.dst = zeroed(n, 4, mem), j.p16 = zeroed(n, 2, mem), j.g16 = zeroed(n, 2, mem), j.m16 = zeroed(n, 2, mem);
+    j.v16 = zeroed(n, 2, mem), j.m8 = zeroed(n, 1, mem), j.v8 = zeroed(n, 1, mem);
+    j.m_scale = zeroed(n / 64 + 1, 1, mem), j.v_scale = zeroed(n / 64 + 1, 1, mem);
     for (size_t i = 0; i < n; i++) {
         j.p[i] = (float)(i % 1000) * 1e-3f;
         j.g[i] = (float)(i % 777) * 1e-4f;
@@ -131,7 +179,8 @@ int main(int argc, char **argv)
     }
     /* AdamW reads p, m, v, g and writes p, m, v, p16: 30 bytes per parameter; copy moves 8 */
     double adam_gbs = 30.0 * n / best_adam / 1e9, copy_gbs = 8.0 * n / best_copy / 1e9;
-    printf("bench_optim: %zu M params, %d threads, isa %s\n", n / 1000000, threads, adamw_isa_name(j.isa));
+    printf("bench_optim: %zu M params, %d threads, isa %s, %s memory\n", n / 1000000, threads, adamw_isa_name(j.isa),
+           mem_name);
     printf("RESULT optim_params_per_s %.4g\n", n / best_adam);
     printf("RESULT optim_bytes_per_s %.4g\n", adam_gbs * 1e9);
     printf("RESULT copy_bytes_per_s %.4g\n", copy_gbs * 1e9);

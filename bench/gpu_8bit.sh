@@ -200,11 +200,15 @@ if [ -n "${GRID:-}" ]; then
     [ "$GRID" = 8 ] && grid 8 6 90
 fi
 
-# the update's rate per state on this host's threads (the optimizer's cores: all but one)
-if wanted bench_optim && [ "$(left 40)" -ge 30 ]; then
-    timeout "$(left 40)" "$build/bench_optim" 128 "$(($(nproc) - 1))" > "$out/bench_optim.log" 2>&1
-    grep -E 'RESULT staged|isa' "$out/bench_optim.log" | tee -a "$out/summary.log"
-fi
+# the update's rate per state on this host's threads (the optimizer's cores: all but one), its
+# arrays in anonymous memory (as the calibration's), in POSIX shm (as the job's m and v) and in shm
+# locked (as the master and gradients the workers register)
+for mem in anon shm shm-locked; do
+    if wanted bench_optim && [ "$(left 40)" -ge 30 ]; then
+        timeout "$(left 40)" "$build/bench_optim" 128 "$(($(nproc) - 1))" $mem > "$out/bench_optim_$mem.log" 2>&1
+        grep -E 'RESULT staged|isa' "$out/bench_optim_$mem.log" | tee -a "$out/summary.log"
+    fi
+done
 
 python3 - "$out/issue32.results" <<'PY' | tee -a "$out/summary.log"
 import json, sys
