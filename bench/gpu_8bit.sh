@@ -1,7 +1,7 @@
 #!/bin/bash
 # 8-bit optimizer state on a GPU host (issue 32), from the repo root, in one call under 9 minutes:
 # the host calibrated anew (its adamw_8bit_rate curve, which examples/h200-host.json predates) and
-# bench_optim's rates per state; the Qwen3-14B shape (random init, seq 4096, 8k tokens per step,
+# bench_optim's rates per state (over anonymous memory, POSIX shm and locked shm); the Qwen3-14B shape (random init, seq 4096, 8k tokens per step,
 # clipping, bf16 gradients) in 8-bit state, uninterrupted and with its first worker killed (kill -9)
 # after step 2, whose step losses and norms must equal the uninterrupted run's; Qwen3-8B and
 # Qwen3-1.7B at 8k in fp32, bf16 and 8-bit state. Runs that would pass the deadline are skipped and
@@ -44,6 +44,20 @@ if wanted calibrate && [ "$(left 90)" -ge 60 ]; then
 print('; '.join(k + ' ' + ' '.join(f\"{p['threads']}:{p['value'] / 1e9:.2f}\" for p in c[k]) for k in \
 ('memcpy_bw', 'adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')))" "$out/calibration.json" 2>&1)"
 fi
+
+# the update's rate per state on this host's threads (the optimizer's cores: all but one), its
+# arrays in anonymous memory (as the calibration's), in POSIX shm (as the job's m and v) and in shm
+# locked (as the master and gradients the workers register): after the runs, or with GRID before
+# the grid (ONLY="calibrate bench_optim" adds it there)
+bench_optim_runs() {
+    for mem in anon shm shm-locked; do
+        if wanted bench_optim && [ "$(left 40)" -ge 30 ]; then
+            timeout "$(left 40)" "$build/bench_optim" 128 "$(($(nproc) - 1))" $mem > "$out/bench_optim_$mem.log" 2>&1
+            grep -E 'RESULT staged|isa' "$out/bench_optim_$mem.log" | tee -a "$out/summary.log"
+        fi
+    done
+}
+[ -n "${GRID:-}" ] && bench_optim_runs
 
 : > "$out/issue32.results"
 # run NAME SECONDS KILL OVERRIDES...: one job (KILL: none, or worker to kill -9 the first worker
@@ -200,15 +214,7 @@ if [ -n "${GRID:-}" ]; then
     [ "$GRID" = 8 ] && grid 8 6 90
 fi
 
-# the update's rate per state on this host's threads (the optimizer's cores: all but one), its
-# arrays in anonymous memory (as the calibration's), in POSIX shm (as the job's m and v) and in shm
-# locked (as the master and gradients the workers register)
-for mem in anon shm shm-locked; do
-    if wanted bench_optim && [ "$(left 40)" -ge 30 ]; then
-        timeout "$(left 40)" "$build/bench_optim" 128 "$(($(nproc) - 1))" $mem > "$out/bench_optim_$mem.log" 2>&1
-        grep -E 'RESULT staged|isa' "$out/bench_optim_$mem.log" | tee -a "$out/summary.log"
-    fi
-done
+[ -z "${GRID:-}" ] && bench_optim_runs
 
 python3 - "$out/issue32.results" <<'PY' | tee -a "$out/summary.log"
 import json, sys
