@@ -2,8 +2,9 @@
 # 8-bit optimizer state on a GPU host (issue 32), from the repo root, in one call under 9 minutes:
 # the host calibrated anew (its adamw_8bit_rate curve, which examples/h200-host.json predates) and
 # bench_optim's rates per state (over anonymous memory, POSIX shm and locked shm); the Qwen3-14B
-# shape (random init, seq 4096, 8k tokens per step, clipping, bf16 gradients) in 8-bit state, uninterrupted and with its first worker killed (kill -9)
-# after step 2, whose step losses and norms must equal the uninterrupted run's; Qwen3-8B and
+# shape (random init, seq 4096, 8k tokens per step, clipping, bf16 gradients) in 8-bit state,
+# uninterrupted and with its first worker killed (kill -9) after step 2, whose step losses and
+# norms must equal the uninterrupted run's; Qwen3-8B and
 # Qwen3-1.7B at 8k in fp32, bf16 and 8-bit state. Runs that would pass the deadline are skipped and
 # say so: run them in a second call with ONLY="name ...".
 # Per run: exit status, median step time, the planner's prediction, peak host memory (the job's
