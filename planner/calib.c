@@ -241,6 +241,21 @@ static double par_run(struct par_job *j)
     return t1 - t0;
 }
 
+/* Seconds a pass takes, averaged over as many passes as fill CALIB_PASS_MIN_S (a pass of the
+ * faster kernels at 16 threads is 10-30 ms, short enough that one preemption moved a point of a
+ * GPU host's curve by 10-30% against its neighbours). */
+#define CALIB_PASS_MIN_S 0.1
+static double par_pass_s(struct par_job *j)
+{
+    double total = 0;
+    int passes = 0;
+    do {
+        total += par_run(j);
+        passes++;
+    } while (total < CALIB_PASS_MIN_S && passes < 64);
+    return total / passes;
+}
+
 /* A stop signal held by the launcher while it plans (common/stop_signals.h) ends the measurement at
  * its next point rather than seconds later. */
 static int stopped(void)
@@ -312,7 +327,7 @@ static int measure_memory(struct calib_host *h)
             j->threads = h->memcpy_bw.threads[i];
             j->kind = runs[k].kind;
             for (int r = 0; r < 3 && !(rc = stop_signal_seen() ? stopped() : 0); r++)
-                t[r] = par_run(j);
+                t[r] = par_pass_s(j);
             runs[k].curve->value[i] = rc ? 0 : runs[k].units / median(t, 3);
         }
     free(j);
