@@ -635,7 +635,6 @@ static double finish_step(struct sim *s)
         double norm = 0;
         for (int c = 0; c < s->nc; c++)
             norm = fmax(norm, s->reduced_at[c]);
-        if (getenv("SIMDBG")) { fprintf(stderr, "step %d comp %.4f reduced:", s->step, s->comp); for (int c = 0; c < s->nc; c++) fprintf(stderr, " %d:%.4f", c, s->reduced_at[c]); fprintf(stderr, "\n"); }
         norm += s->wake;
         if (s->host_sharded) /* each host's sum of squares to the others: a tree there and back */
             norm += 2 * ceil(log2(s->H)) * s->link_lat;
@@ -648,7 +647,6 @@ static double finish_step(struct sim *s)
                     s->next_version[c] = published(s, c, t);
                 }
             s->opt_free[k] = t;
-            if (getenv("SIMDBG")) fprintf(stderr, "step %d norm %.4f k %d end %.4f\n", s->step, norm, k, t);
         }
     }
     double commit = 0;
@@ -951,7 +949,6 @@ static double simulate(struct sim *s, struct step_pred *out)
         commit[step] = finish_step(s);
     }
     double period = commit[SIM_STEPS - 1] - commit[SIM_STEPS - 2];
-    if (getenv("SIMDBG")) fprintf(stderr, "PERIOD %.4f commits %.4f %.4f %.4f\n", period, commit[0], commit[1], commit[2]);
     for (int a = 0; a < s->A; a++) {
         out->h2d_s += h2d_s[a];
         out->h2d_bytes += h2d_b[a];
