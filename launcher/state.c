@@ -471,6 +471,11 @@ void state_replace_orphans(struct job_state *st)
         int pid = atomic_load(&slots[i].pid);
         /* a new generation fences anything a survivor might still do */
         atomic_fetch_add(&slots[i].generation, 1);
+        /* and the process we start in its place is a restart: it may find a step half done by the
+         * one before (a worker, every gradient of a step posted but the step not marked done), which
+         * only a restart's recovery looks for (worker/pipeline.c train_step) */
+        if (pid > 0)
+            atomic_fetch_add(&slots[i].restarts, 1);
         if (is_our_orphan(pid, &slots[i], st->job_name))
             kill(pid, SIGKILL);
     }

@@ -115,10 +115,16 @@ void show_log(const char *name)
 }
 
 
-/* Stops a hung launcher (a second SIGINT aborts the job and removes its shared state), shows its
- * log and fails, rather than leaving the test to its timeout and the processes behind. */
+/* Stops a hung launcher (a second SIGINT aborts the job and removes its shared state), shows where
+ * each of its processes was (slidedp-stat, taken first) and its log, and fails, rather than leaving
+ * the test to its timeout and the processes behind. */
 void fail_hung(pid_t pid, const char *name)
 {
+    char job[32], *stat = NULL;
+    job_name_of(name, job, sizeof job);
+    tu_sh(&stat, "%s %s 2>&1", tu_bin("slidedp-stat"), job);
+    printf("# %s hung; its processes then (slidedp-stat):\n%s", name, stat ? stat : "(none)\n");
+    free(stat);
     kill(pid, SIGINT);
     usleep(100000);
     kill(pid, SIGINT);

@@ -276,6 +276,28 @@ static void sigterm_then_kill(const struct variant *v, const char *victim)
     assert_finishes_like(start_launcher(name, NULL), name, ref);
 }
 
+/* Worker 0 dead between posting the last gradient of step 5 and marking the step done, and its
+ * launcher dead too: the relaunch adopts the state and starts a new worker 0, which finds every
+ * gradient of step 5 posted. It must still mark the step done (its loss is saved): left unmarked,
+ * the step is never logged, and the workers, which run at most half the step records (32) ahead of
+ * the logging, stall at step 37 with the job alive (test_faults' launcher kills hung so once, at
+ * step 27 + 32). Held by SIGSTOP at its 15th progress mark (3 micro-steps a step: the last of step
+ * 5), the worker is then killed by the relaunch as an orphan. */
+#define ADOPT_STEPS 48
+static void test_adopted_unmarked_step(void **state)
+{
+    const char *name = "adopt-unmarked", *ref = "ref-adopt";
+    write_job_as(&host_slots, ref, ADOPT_STEPS, EXTRA);
+    assert_int_equal(run_job(ref, NULL), 0);
+    write_job_as(&host_slots, name, ADOPT_STEPS, EXTRA);
+    pid_t pid = start_launcher(name, "poster_marked:15:stop:r0");
+    wait_proc_stopped(pid, name, PROC_WORKER, 0);
+    kill(pid, SIGKILL);
+    assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
+    printf("# %s: worker 0 held after posting step 5, its launcher killed; relaunched\n", name);
+    assert_finishes_like(start_launcher(name, NULL), name, ref);
+}
+
 static void test_sigterm_then_kill(void **state)
 {
     static const char *const victims[] = {"worker1", "optim0", "launcher"};
@@ -293,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_every_point_host_slots),
         cmocka_unit_test(test_every_point_exchanging),
         cmocka_unit_test(test_last_validation_cut_short),
+        cmocka_unit_test(test_adopted_unmarked_step),
         cmocka_unit_test(test_sigterm_then_kill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
