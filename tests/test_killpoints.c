@@ -8,7 +8,8 @@
  * after a relaunch; its points, which do not depend on the routes, in the first job only). Then
  * SIGTERM-then-kill sequences: while the job stops, a worker, an optimizer or the launcher dies; the
  * relaunch resumes and ends bit-identical. And the exchanging job's last validation cut short on one
- * worker only (held at a point, its peer's validation done, then killed). Prints the table of points
+ * worker only (held at a point, its peer's validation done, then killed), and a worker held after
+ * posting a whole step while its launcher is killed (the relaunch adopts). Prints the table of points
  * x processes.
  * SLIDEDP_KILLPOINTS_LONG=1 kills each at its first, middle and last pass (three times as long). */
 #include "tests/testutil.h"
@@ -282,20 +283,26 @@ static void sigterm_then_kill(const struct variant *v, const char *victim)
  * the step is never logged, and the workers, which run at most half the step records (32) ahead of
  * the logging, stall at step 37 with the job alive (test_faults' launcher kills hung so once, at
  * step 27 + 32). Held by SIGSTOP at its 15th progress mark (3 micro-steps a step: the last of step
- * 5), the worker is then killed by the relaunch as an orphan. */
+ * 5), the worker is then killed by the relaunch as an orphan. Both routes: host slots and the
+ * exchange (whose relaunched workers redo their first step together). */
 #define ADOPT_STEPS 48
 static void test_adopted_unmarked_step(void **state)
 {
-    const char *name = "adopt-unmarked", *ref = "ref-adopt";
-    write_job_as(&host_slots, ref, ADOPT_STEPS, EXTRA);
-    assert_int_equal(run_job(ref, NULL), 0);
-    write_job_as(&host_slots, name, ADOPT_STEPS, EXTRA);
-    pid_t pid = start_launcher(name, "poster_marked:15:stop:r0");
-    wait_proc_stopped(pid, name, PROC_WORKER, 0);
-    kill(pid, SIGKILL);
-    assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
-    printf("# %s: worker 0 held after posting step 5, its launcher killed; relaunched\n", name);
-    assert_finishes_like(start_launcher(name, NULL), name, ref);
+    const struct variant *variants[] = {&host_slots, &exchanging};
+    for (int v = 0; v < 2; v++) {
+        char name[64], ref[64];
+        snprintf(name, sizeof name, "adopt-unmarked-%s", variants[v]->tag);
+        snprintf(ref, sizeof ref, "ref-adopt-%s", variants[v]->tag);
+        write_job_as(variants[v], ref, ADOPT_STEPS, EXTRA);
+        assert_int_equal(run_job(ref, NULL), 0);
+        write_job_as(variants[v], name, ADOPT_STEPS, EXTRA);
+        pid_t pid = start_launcher(name, "poster_marked:15:stop:r0");
+        wait_proc_stopped(pid, name, PROC_WORKER, 0);
+        kill(pid, SIGKILL);
+        assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
+        printf("# %s: worker 0 held after posting step 5, its launcher killed; relaunched\n", name);
+        assert_finishes_like(start_launcher(name, NULL), name, ref);
+    }
 }
 
 static void test_sigterm_then_kill(void **state)
