@@ -8,8 +8,9 @@
  * after a relaunch; its points, which do not depend on the routes, in the first job only). Then
  * SIGTERM-then-kill sequences: while the job stops, a worker, an optimizer or the launcher dies; the
  * relaunch resumes and ends bit-identical. And the exchanging job's last validation cut short on one
- * worker only (held at a point, its peer's validation done, then killed), and a worker held after
- * posting a whole step while its launcher is killed (the relaunch adopts). Prints the table of points
+ * worker only (held at a point, its peer's validation done, then killed), and each worker and
+ * optimizer held at each of its points while its launcher is killed (the relaunch adopts the state
+ * and kills the held process). Prints the table of points
  * x processes.
  * SLIDEDP_KILLPOINTS_LONG=1 kills each at its first, middle and last pass (three times as long). */
 #include "tests/testutil.h"
@@ -305,6 +306,42 @@ static void test_adopted_unmarked_step(void **state)
     }
 }
 
+/* The same at every point a worker or an optimizer passes, at pass n/2 of the n in the clean run of
+ * test_every_point_host_slots (for worker 0's progress marks, 3 a step, the last of step 5: the
+ * case above): the process held there (SIGSTOP), its launcher killed, the relaunch adopts the state
+ * and kills the held process as an orphan; bit-identical to that clean run. */
+static void test_every_point_adopted(void **state)
+{
+    uint64_t t0 = clock_ns();
+    static struct table t;
+    char count_dir[1300];
+    job_path("ref-cpu", "counts", count_dir, sizeof count_dir);
+    read_counts(count_dir, &t);
+    int held = 0;
+    for (int p = 1; p < PROCS; p++)
+        for (int i = 0; i < num_points(); i++) {
+            long n = t.hits[i][p];
+            if (n == 0)
+                continue;
+            long k = n > 1 ? n / 2 : 1;
+            char name[96], spec[96];
+            snprintf(name, sizeof name, "adopt-%s-%s-%ld", proc_label[p], fault_points[i], k);
+            snprintf(spec, sizeof spec, "%s:%ld:stop:r%d", fault_points[i], k, proc_index[p]);
+            write_job_as(&host_slots, name, STEPS, EXTRA);
+            pid_t pid = start_launcher(name, spec);
+            wait_proc_stopped(pid, name, p <= 2 ? PROC_WORKER : PROC_OPTIM, proc_index[p]);
+            kill(pid, SIGKILL);
+            assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
+            assert_finishes_like(start_launcher(name, NULL), name, "ref-cpu");
+            char dir[1300];
+            job_path(name, "", dir, sizeof dir);
+            tu_rmrf(dir);
+            held++;
+        }
+    printf("# a process held at each of %d (point, process) pairs, its launcher killed, relaunched: all "
+           "bit-identical, in %.1f s\n", held, (double)(clock_ns() - t0) * 1e-9);
+}
+
 static void test_sigterm_then_kill(void **state)
 {
     static const char *const victims[] = {"worker1", "optim0", "launcher"};
@@ -323,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_every_point_exchanging),
         cmocka_unit_test(test_last_validation_cut_short),
         cmocka_unit_test(test_adopted_unmarked_step),
+        cmocka_unit_test(test_every_point_adopted),
         cmocka_unit_test(test_sigterm_then_kill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
