@@ -307,15 +307,16 @@ static void test_adopted_unmarked_step(void **state)
 }
 
 /* The same at every point a worker or an optimizer passes, at pass n/2 of the n in the clean run of
- * test_every_point_host_slots (for worker 0's progress marks, 3 a step, the last of step 5: the
- * case above): the process held there (SIGSTOP), its launcher killed, the relaunch adopts the state
- * and kills the held process as an orphan; bit-identical to that clean run. */
-static void test_every_point_adopted(void **state)
+ * test_every_point_host_slots or _exchanging (for worker 0's progress marks, 3 a step, the last of
+ * step 5: the case above): the process held there (SIGSTOP), its launcher killed, the relaunch
+ * adopts the state and kills the held process as an orphan; bit-identical to that clean run. */
+static void every_point_adopted(const struct variant *v)
 {
     uint64_t t0 = clock_ns();
     static struct table t;
-    char count_dir[1300];
-    job_path("ref-cpu", "counts", count_dir, sizeof count_dir);
+    char ref[64], count_dir[1300];
+    snprintf(ref, sizeof ref, "ref-%s", v->tag);
+    job_path(ref, "counts", count_dir, sizeof count_dir);
     read_counts(count_dir, &t);
     int held = 0;
     for (int p = 1; p < PROCS; p++)
@@ -325,21 +326,27 @@ static void test_every_point_adopted(void **state)
                 continue;
             long k = n > 1 ? n / 2 : 1;
             char name[96], spec[96];
-            snprintf(name, sizeof name, "adopt-%s-%s-%ld", proc_label[p], fault_points[i], k);
+            snprintf(name, sizeof name, "adopt-%s-%s-%s-%ld", v->tag, proc_label[p], fault_points[i], k);
             snprintf(spec, sizeof spec, "%s:%ld:stop:r%d", fault_points[i], k, proc_index[p]);
-            write_job_as(&host_slots, name, STEPS, EXTRA);
+            write_job_as(v, name, STEPS, EXTRA);
             pid_t pid = start_launcher(name, spec);
             wait_proc_stopped(pid, name, p <= 2 ? PROC_WORKER : PROC_OPTIM, proc_index[p]);
             kill(pid, SIGKILL);
             assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
-            assert_finishes_like(start_launcher(name, NULL), name, "ref-cpu");
+            assert_finishes_like(start_launcher(name, NULL), name, ref);
             char dir[1300];
             job_path(name, "", dir, sizeof dir);
             tu_rmrf(dir);
             held++;
         }
-    printf("# a process held at each of %d (point, process) pairs, its launcher killed, relaunched: all "
-           "bit-identical, in %.1f s\n", held, (double)(clock_ns() - t0) * 1e-9);
+    printf("# %s: a process held at each of %d (point, process) pairs, its launcher killed, relaunched: all "
+           "bit-identical, in %.1f s\n", v->tag, held, (double)(clock_ns() - t0) * 1e-9);
+}
+
+static void test_every_point_adopted(void **state)
+{
+    every_point_adopted(&host_slots);
+    every_point_adopted(&exchanging);
 }
 
 static void test_sigterm_then_kill(void **state)
