@@ -1004,9 +1004,11 @@ void cost_step(const struct cost_case *mc, struct step_pred *out)
 {
     const struct calib *cal = mc->cal;
     memset(out, 0, sizeof *out);
-    struct dev d = {mc->job->device == DEVICE_CPU, cost_attention_kernels(mc->job), &cal->host.cpu, &cal->gpu,
-                    cost_det_tile_speed(mc->job->micro_batch, mc->job->seq_len, mc->cfg->num_heads,
-                                        mc->cfg->num_kv_heads, mc->plan->attn_tile_bytes, cal->gpu.attn_det_tile_gain)};
+    struct dev d = {mc->job->device == DEVICE_CPU, cost_attention_kernels(mc->job), &cal->host.cpu, &cal->gpu, 1};
+    if (d.attn == ATTN_KERNELS_DET_CUDNN) /* the only kernels the plan's tile bound changes */
+        d.det_tile_speed = cost_det_tile_speed(mc->job->micro_batch, mc->job->seq_len, mc->cfg->num_heads,
+                                               mc->cfg->num_kv_heads, mc->plan->attn_tile_bytes,
+                                               cal->gpu.attn_det_tile_gain);
     struct rates rt = rates_of(mc);
     struct sim s;
     sim_init(&s, mc, d.cpu);

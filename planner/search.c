@@ -1114,11 +1114,14 @@ void plan_print(FILE *f, const struct plan *plan, const struct model_config *cfg
         [ATTN_KERNELS_DET_CUDNN] = "; backward deterministic (cuDNN's deterministic engine)",
         [ATTN_KERNELS_DET_BUILTIN] = "; backward deterministic (built-in kernels)",
     };
-    char backward[160];
-    snprintf(backward, sizeof backward, "%s", kernels[cost_attention_kernels(job)]);
-    if (cost_attention_kernels(job) == ATTN_KERNELS_DET_CUDNN && plan->attn_tile_bytes > 0)
-        snprintf(backward, sizeof backward, "; backward deterministic (cuDNN's deterministic engine, calls of at most "
+    enum attn_kernels attn = cost_attention_kernels(job);
+    const char *backward = kernels[attn];
+    char tiled[160];
+    if (attn == ATTN_KERNELS_DET_CUDNN && plan->attn_tile_bytes > 0) {
+        snprintf(tiled, sizeof tiled, "; backward deterministic (cuDNN's deterministic engine, calls of at most "
                  "%g GiB of scores)", (double)plan->attn_tile_bytes / GIB);
+        backward = tiled;
+    }
     if (job->attention_pairs > 0)
         fprintf(f, "plan: attention priced by the data's documents: %.1f%% of whole windows' (query, key) pairs%s\n",
                 100 * job->attention_pairs, backward);
