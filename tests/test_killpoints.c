@@ -287,6 +287,18 @@ static void sigterm_then_kill(const struct variant *v, const char *victim)
  * 5), the worker is then killed by the relaunch as an orphan. Both routes: host slots and the
  * exchange (whose relaunched workers redo their first step together). */
 #define ADOPT_STEPS 48
+
+/* The job `name` (written) held at SLIDEDP_CRASH_AT=spec in process (kind, index), its launcher
+ * killed, then relaunched: it must end like ref. */
+static void hold_kill_launcher_adopt(const char *name, const char *spec, int kind, int index, const char *ref)
+{
+    pid_t pid = start_launcher(name, spec);
+    wait_proc_stopped(pid, name, kind, index);
+    kill(pid, SIGKILL);
+    assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
+    assert_finishes_like(start_launcher(name, NULL), name, ref);
+}
+
 static void test_adopted_unmarked_step(void **state)
 {
     const struct variant *variants[] = {&host_slots, &exchanging};
@@ -297,12 +309,8 @@ static void test_adopted_unmarked_step(void **state)
         write_job_as(variants[v], ref, ADOPT_STEPS, EXTRA);
         assert_int_equal(run_job(ref, NULL), 0);
         write_job_as(variants[v], name, ADOPT_STEPS, EXTRA);
-        pid_t pid = start_launcher(name, "poster_marked:15:stop:r0");
-        wait_proc_stopped(pid, name, PROC_WORKER, 0);
-        kill(pid, SIGKILL);
-        assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
         printf("# %s: worker 0 held after posting step 5, its launcher killed; relaunched\n", name);
-        assert_finishes_like(start_launcher(name, NULL), name, ref);
+        hold_kill_launcher_adopt(name, "poster_marked:15:stop:r0", PROC_WORKER, 0, ref);
     }
 }
 
@@ -329,11 +337,7 @@ static void every_point_adopted(const struct variant *v)
             snprintf(name, sizeof name, "adopt-%s-%s-%s-%ld", v->tag, proc_label[p], fault_points[i], k);
             snprintf(spec, sizeof spec, "%s:%ld:stop:r%d", fault_points[i], k, proc_index[p]);
             write_job_as(v, name, STEPS, EXTRA);
-            pid_t pid = start_launcher(name, spec);
-            wait_proc_stopped(pid, name, p <= 2 ? PROC_WORKER : PROC_OPTIM, proc_index[p]);
-            kill(pid, SIGKILL);
-            assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
-            assert_finishes_like(start_launcher(name, NULL), name, ref);
+            hold_kill_launcher_adopt(name, spec, p <= 2 ? PROC_WORKER : PROC_OPTIM, proc_index[p], ref);
             char dir[1300];
             job_path(name, "", dir, sizeof dir);
             tu_rmrf(dir);
