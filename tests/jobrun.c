@@ -2,6 +2,7 @@
 #include "tests/testutil.h"
 #include "tests/jobrun.h"
 
+#include <dirent.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -210,6 +211,53 @@ void assert_same_weights(const char *name, const char *ref)
     char job[32];
     job_name_of(name, job, sizeof job);
     assert_int_equal(tu_shm_objects(job), 0);
+}
+
+/* The names of the job's step-S checkpoints, sorted, space-separated. */
+static void checkpoint_names(const char *name, char *out, size_t len)
+{
+    char dir[1300];
+    job_path(name, "ckpt", dir, sizeof dir);
+    char names[64][32];
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d)) && n < 64;)
+        if (!strncmp(e->d_name, "step-", 5) && !strchr(e->d_name, '.'))
+            snprintf(names[n++], sizeof names[0], "%.31s", e->d_name);
+    if (d)
+        closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    out[0] = 0;
+    for (int i = 0; i < n; i++)
+        snprintf(out + strlen(out), len - strlen(out), "%s%s", i ? " " : "", names[i]);
+}
+
+void assert_same_checkpoints(const char *name, const char *ref)
+{
+    char have[2048], want[2048];
+    checkpoint_names(name, have, sizeof have);
+    checkpoint_names(ref, want, sizeof want);
+    if (!want[0] || strcmp(have, want) != 0)
+        fail_msg("%s: checkpoints '%s', %s has '%s'", name, have, ref, want);
+    for (char *tok = want, *next; tok && *tok; tok = next) {
+        next = strchr(tok, ' ');
+        if (next)
+            *next++ = 0;
+        static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+        for (int f = 0; f < 2; f++) {
+            char rel[128];
+            snprintf(rel, sizeof rel, "ckpt/%.31s/%s", tok, files[f]);
+            char pa[1300], pb[1300];
+            job_path(name, rel, pa, sizeof pa);
+            job_path(ref, rel, pb, sizeof pb);
+            size_t la, lb;
+            char *a = tu_read_file(pa, &la), *b = tu_read_file(pb, &lb);
+            if (!a || !b || la != lb || memcmp(a, b, la) != 0)
+                fail_msg("%s: %s differs from %s's", name, rel, ref);
+            free(a);
+            free(b);
+        }
+    }
 }
 
 int batch_width(void)

@@ -56,6 +56,9 @@ int run_job(const char *name, const char *crash_at);
 void job_name_of(const char *name, char *out, size_t len);
 /* Fails unless final weights and metrics are bit-identical to ref's and /dev/shm holds nothing of it. */
 void assert_same_weights(const char *name, const char *ref);
+/* The job has ref's step-S checkpoints (at least one), each with ref's weights and optimizer state,
+ * byte for byte. */
+void assert_same_checkpoints(const char *name, const char *ref);
 /* Waits for launcher pid to exit 0 (showing its log otherwise), then assert_same_weights. */
 void assert_finishes_like(pid_t pid, const char *name, const char *ref);
 /* A job of the variant killed at SLIDEDP_CRASH_AT=spec must exit 0 after its process died from

@@ -289,7 +289,7 @@ static void sigterm_then_kill(const struct variant *v, const char *victim)
 #define ADOPT_STEPS 48
 
 /* The job `name` (written) held at SLIDEDP_CRASH_AT=spec in process (kind, index), its launcher
- * killed, then relaunched: it must end like ref. */
+ * killed, then relaunched: it must end like ref, every checkpoint on the way too. */
 static void hold_kill_launcher_adopt(const char *name, const char *spec, int kind, int index, const char *ref)
 {
     pid_t pid = start_launcher(name, spec);
@@ -297,6 +297,7 @@ static void hold_kill_launcher_adopt(const char *name, const char *spec, int kin
     kill(pid, SIGKILL);
     assert_int_equal(wait_exit(pid, name), 128 + SIGKILL);
     assert_finishes_like(start_launcher(name, NULL), name, ref);
+    assert_same_checkpoints(name, ref);
 }
 
 static void test_adopted_unmarked_step(void **state)
