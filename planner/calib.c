@@ -76,12 +76,20 @@ double calib_curve_at(const struct calib_curve *cv, double t)
      * fast as the 16 of a described host that gives only its core count */
     if (t <= cv->threads[0])
         return cv->value[0] * t / cv->threads[0];
-    for (int i = 1; i < cv->n; i++)
+    /* read on the curve's running maximum: a dip between neighbours at the top (one host measured
+     * the 8-bit update at 14, 15 and 16 threads as 4.56, 4.21 and 4.53 G/s) is noise of a shared
+     * memory bus, yet priced it made 13 threads look faster than 15, which ran 13% slower
+     * (docs/performance.md §12.2); a streaming pass loses nothing from threads it could leave idle */
+    double below = cv->value[0];
+    for (int i = 1; i < cv->n; i++) {
+        double at = fmax(below, cv->value[i]);
         if (t <= cv->threads[i]) {
             double f = (t - cv->threads[i - 1]) / (double)(cv->threads[i] - cv->threads[i - 1]);
-            return cv->value[i - 1] + f * (cv->value[i] - cv->value[i - 1]);
+            return below + f * (at - below);
         }
-    return cv->value[cv->n - 1];
+        below = at;
+    }
+    return below;
 }
 
 /* ---- measurement ---- */

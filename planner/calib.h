@@ -146,7 +146,8 @@ int calib_measure_host(struct calib_host *h);
 void calib_gpu_defaults(struct calib_gpu *g);
 
 /* A curve read at t threads: scaled by t / threads[0] below the fewest threads measured (at that
- * per-thread rate; a described host may give only its core count), clamped above the most. */
+ * per-thread rate; a described host may give only its core count), clamped above the most; read on
+ * its running maximum over thread counts, so more threads never price slower than fewer. */
 double calib_curve_at(const struct calib_curve *cv, double t);
 /* The thread counts a host of ncpu CPUs is measured at: 1, 2, 4, ... and ncpu - 2, ncpu - 1, ncpu. */
 void calib_thread_points(int ncpu, struct calib_curve *cv);

@@ -607,6 +607,113 @@ static void test_issue32_overlap_plans(void **state)
     }
 }
 
+/* Host curves measured on an H100 host (16 cores) in two calls of stop 42 (docs/performance.md
+ * §12.2), G units/s at 1, 2, 4, 8, 14, 15, 16 threads: memcpy, AdamW in fp32, bf16 and 8-bit state,
+ * squaring bf16 gradients. Each dips at 15 threads (or 16) below its neighbours. */
+static const double dip_curves[2][5][7] = {
+    {{10.90, 21.15, 23.23, 34.40, 44.03, 44.30, 52.79},
+     {0.60, 1.03, 1.94, 3.03, 4.15, 3.80, 4.26},
+     {0.57, 0.98, 1.58, 3.17, 4.95, 3.59, 3.66},
+     {0.55, 1.01, 1.67, 2.73, 5.09, 4.61, 3.66},
+     {2.45, 4.37, 8.11, 14.85, 23.40, 23.57, 26.41}},
+    {{10.44, 17.54, 20.11, 32.82, 41.36, 39.73, 45.25},
+     {0.52, 0.90, 1.69, 2.56, 3.67, 3.66, 3.78},
+     {0.43, 0.78, 1.35, 2.80, 4.27, 4.24, 4.51},
+     {0.53, 0.86, 1.36, 2.86, 4.56, 4.21, 4.53},
+     {1.66, 3.62, 6.62, 13.41, 22.75, 22.35, 22.03}},
+};
+
+static void set_dip_curves(struct calib *cal, int call)
+{
+    struct calib_curve *cv[] = {&cal->host.memcpy_bw, &cal->host.adamw_rate, &cal->host.adamw_bf16_rate,
+                                &cal->host.adamw_8bit_rate, &cal->host.sumsq_bf16_rate};
+    static const int threads[] = {1, 2, 4, 8, 14, 15, 16};
+    for (int k = 0; k < 5; k++) {
+        cv[k]->n = 7;
+        for (int i = 0; i < 7; i++) {
+            cv[k]->threads[i] = threads[i];
+            cv[k]->value[i] = dip_curves[call][k][i] * 1e9;
+        }
+    }
+}
+
+/* A dip at the top of a calibration curve is read on the curve's running maximum. Priced as
+ * measured, the 8-bit update's dip at 15 threads (4.21 between 4.56 and 4.53 G/s) made 1 x 13
+ * threads the auto plan (interpolated 4.28): its 8-bit step (0.599 s) was slower than the fp32
+ * state's at 1 x 15 (0.578 s), and on the 8B shape 1 x 13 ran 2.785 s against 1 x 15's 2.469 (two
+ * runs each). Now the auto plans take 1 x 15 and every run below is predicted within 15% of its
+ * measurement (pinned to half a millisecond): the Qwen3-1.7B, 8B and 14B shapes, 2 x 4096 tokens,
+ * bf16 gradients, deterministic, priced for h200-host.json's GPU with that host's curves. */
+static void test_thread_dip_priced_on_running_max(void **state)
+{
+    struct calib_curve dip = {.n = 4, .threads = {8, 14, 15, 16}, .value = {2.86e9, 4.56e9, 4.21e9, 4.53e9}};
+    assert_float_equal(calib_curve_at(&dip, 15), 4.56e9, 1);
+    assert_float_equal(calib_curve_at(&dip, 16), 4.56e9, 1);
+    assert_float_equal(calib_curve_at(&dip, 13), 2.86e9 + 5.0 / 6 * (4.56e9 - 2.86e9), 1);
+    assert_float_equal(calib_curve_at(&dip, 4), 1.43e9, 1);
+    for (int t = 1; t < 40; t++)
+        assert_true(calib_curve_at(&dip, t + 1) >= calib_curve_at(&dip, t));
+    static const struct {
+        const char *name, *model;
+        int call, state;
+        double clip;
+        int source, mode, procs, threads, auto_threads; /* procs 0: auto; auto_threads: 1 x that */
+        double lo, hi, pinned;
+    } runs[] = {
+        {"1.7B 8-bit, 1 x 13 as auto took it", "qwen3-1.7b", 1, OPTIM_STATE_8BIT, 1.0, WEIGHTS_MASTER,
+         UPDATE_AFTER_BACKWARD, 1, 13, 0, 0.599, 0.599, 0.5665},
+        {"1.7B 8-bit, auto", "qwen3-1.7b", 1, OPTIM_STATE_8BIT, 1.0, WEIGHTS_AUTO, UPDATE_AUTO, 0, 0, 15, 0, 0,
+         0.5405},
+        {"1.7B bf16 state, auto", "qwen3-1.7b", 1, OPTIM_STATE_BF16, 1.0, WEIGHTS_AUTO, UPDATE_AUTO, 0, 0, 15,
+         0.546, 0.546, 0.5661},
+        {"1.7B fp32 state, auto", "qwen3-1.7b", 1, OPTIM_STATE_FP32, 1.0, WEIGHTS_AUTO, UPDATE_AUTO, 0, 0, 15,
+         0.578, 0.578, 0.6320},
+        {"8B fp32 state, auto", "qwen3-8b", 1, OPTIM_STATE_FP32, 1.0, WEIGHTS_AUTO, UPDATE_AUTO, 0, 0, 15, 2.691,
+         2.691, 2.8194},
+        {"8B bf16 state, auto", "qwen3-8b", 1, OPTIM_STATE_BF16, 1.0, WEIGHTS_AUTO, UPDATE_AUTO, 0, 0, 15, 2.387,
+         2.387, 2.5058},
+        {"8B 8-bit, bf16 copy 2 x 7 as auto took it", "qwen3-8b", 1, OPTIM_STATE_8BIT, 1.0, WEIGHTS_BF16_COPY,
+         UPDATE_AFTER_BACKWARD, 2, 7, 0, 2.725, 2.725, 2.4202},
+        {"14B 8-bit, 2 x 7 as auto took it", "qwen3-14b", 1, OPTIM_STATE_8BIT, 1.0, WEIGHTS_MASTER,
+         UPDATE_AFTER_BACKWARD, 2, 7, 0, 4.843, 4.843, 4.4069},
+        {"8B fp32 state, no clipping, 1 x 13 as auto took it", "qwen3-8b", 0, OPTIM_STATE_FP32, 0, WEIGHTS_MASTER,
+         UPDATE_AFTER_BACKWARD, 1, 13, 0, 2.741, 2.830, 2.6552},
+        {"8B fp32 state, no clipping, auto", "qwen3-8b", 0, OPTIM_STATE_FP32, 0, WEIGHTS_AUTO, UPDATE_AUTO, 0, 0,
+         15, 2.439, 2.596, 2.5605},
+        {"8B fp32 state, no clipping, 2 x 7", "qwen3-8b", 0, OPTIM_STATE_FP32, 0, WEIGHTS_MASTER,
+         UPDATE_AFTER_BACKWARD, 2, 7, 0, 2.912, 2.912, 2.6469},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        struct model_config cfg;
+        struct calib cal;
+        struct topology topo;
+        char config[256];
+        snprintf(config, sizeof config, "examples/%s/config.json", runs[i].model);
+        assert_int_equal(model_config_load(tu_src(config), &cfg), 0);
+        assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), &cal), 0);
+        topology_assumed(1, &topo);
+        set_dip_curves(&cal, runs[i].call);
+        struct job_config job = job_of(DEVICE_CUDA, 1, 2, 4096, 1);
+        job.grad_dtype = GRAD_BF16;
+        job.optimizer_state = runs[i].state;
+        job.grad_clip = runs[i].clip;
+        job.weights_source = runs[i].source;
+        job.update_mode = runs[i].mode;
+        job.optim_procs = runs[i].procs;
+        job.optim_threads = runs[i].threads;
+        struct plan p;
+        struct plan_info info;
+        assert_int_equal(plan_choose(&job, &cfg, &cal, &topo, cal.host.ncpu, 1, &p, &info), 0);
+        printf("# %s: %d x %d, predicted %.4f s, measured %.3f-%.3f s\n", runs[i].name, p.optim_procs,
+               p.optim_threads, p.predicted_step_s, runs[i].lo, runs[i].hi);
+        assert_prediction(p.predicted_step_s, runs[i].pinned, runs[i].lo, runs[i].hi);
+        if (runs[i].auto_threads) {
+            assert_int_equal(p.optim_procs, 1);
+            assert_int_equal(p.optim_threads, runs[i].auto_threads);
+        }
+    }
+}
+
 static void test_bytes_per_pass(void **state)
 {
     struct model_config cfg = tiny(4);
@@ -1845,6 +1952,7 @@ int main(void)
         cmocka_unit_test(test_poster_core_in_backward),
         cmocka_unit_test(test_norm_pass_at_calibrated_rate),
         cmocka_unit_test(test_issue32_overlap_plans),
+        cmocka_unit_test(test_thread_dip_priced_on_running_max),
         cmocka_unit_test(test_deterministic_backward_priced),
         cmocka_unit_test(test_document_attention_priced_by_pairs),
         cmocka_unit_test(test_issue31_deterministic_rows),
