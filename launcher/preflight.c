@@ -1,7 +1,8 @@
 /* The launcher's preflight of the paths a run will write (log.dir, checkpoint.dir and the exported
  * final/ in it), before anything is created: each must be a directory or creatable under its
  * nearest existing ancestor, on a writable real filesystem; a shortage of disk space for the
- * checkpoints and the export is a warning with the amount missing. Nothing is created here. */
+ * checkpoints and the export (or, with none scheduled, for the checkpoint a stop writes) is a warning
+ * with the amount missing. Nothing is created here. */
 #include "launch.h"
 
 #include <errno.h>
@@ -57,16 +58,18 @@ static int check_dir(const char *key, const char *dir, char base[JOB_PATH_MAX])
 
 /* Bytes the checkpoints and the export of final/ take on disk at the most: each checkpoint is the
  * weights in export_dtype plus fp32 master and m and v in optimizer_state's dtype; a new one is
- * written before the oldest of the `keep` is removed. */
-static double disk_bytes_needed(const struct job_state *st)
+ * written before the oldest of the `keep` is removed. A run with none scheduled still writes one
+ * when it is stopped (Ctrl-C, SIGTERM): *stop_only says that this one is all the need. */
+static double disk_bytes_needed(const struct job_state *st, bool *stop_only)
 {
     const struct job_config *job = &st->job;
     double params = (double)st->lay.num_params, weights = params * (job->export_dtype == EXPORT_FP32 ? 4 : 2);
     int periodic = job->ckpt_every > 0 ? job->steps / job->ckpt_every : 0;
     int written = periodic + (job->save_final ? 1 : 0);
     int on_disk = written < job->ckpt_keep + 1 ? written : job->ckpt_keep + 1;
+    *stop_only = on_disk == 0;
     double optimizer = params * (4 + 2 * (double)ctl_state_size(job->optimizer_state));
-    return on_disk * (weights + optimizer) + (job->save_final ? weights : 0);
+    return (*stop_only ? 1 : on_disk) * (weights + optimizer) + (job->save_final ? weights : 0);
 }
 
 int preflight_paths(const struct job_state *st)
@@ -77,11 +80,18 @@ int preflight_paths(const struct job_state *st)
         check_dir("[checkpoint] dir", job->ckpt_dir, ckpt_base) != 0)
         return -1;
     struct statvfs vfs;
-    double need = disk_bytes_needed(st);
+    bool stop_only;
+    double need = disk_bytes_needed(st, &stop_only);
     if (statvfs(ckpt_base, &vfs) == 0) {
         double avail = (double)vfs.f_bavail * (double)vfs.f_frsize;
         char need_s[32], avail_s[32], missing_s[32];
-        if (need > avail)
+        if (need > avail && stop_only)
+            fprintf(stderr,
+                    "slidedp-launch: warning: a stop (Ctrl-C, SIGTERM) writes a checkpoint of %s in %s; %s has %s "
+                    "free, %s missing (free space, or set checkpoint.dir on a larger disk)\n",
+                    fs_bytes_str(need, need_s), job->ckpt_dir, ckpt_base, fs_bytes_str(avail, avail_s),
+                    fs_bytes_str(need - avail, missing_s));
+        else if (need > avail)
             fprintf(stderr,
                     "slidedp-launch: warning: the checkpoints and the export in %s need up to %s; %s has %s free, "
                     "%s missing (lower checkpoint.keep, or free space before they are due)\n",

@@ -349,7 +349,8 @@ static void test_plan_little_host_memory(void **state)
     free(out);
 }
 
-/* A checkpoint disk too small for the export: the launcher warns up front with the amounts, trains,
+/* A checkpoint disk too small for the export: the launcher warns up front with the amounts (also for
+ * the checkpoint a stop writes, where none is scheduled), trains,
  * fails the export but keeps the trained state in shared memory; the same command on a disk with
  * room then only exports, and the weights are bit-identical to a run that never lacked space. */
 static void test_disk_full(void **state)
@@ -370,6 +371,29 @@ static void test_disk_full(void **state)
                    ini);
     assert_int_equal(rc, 0);
     free(out);
+    char cfg_path[1400], need[32], line[256];
+    snprintf(cfg_path, sizeof cfg_path, "%s/model/config.json", dir);
+    struct model_config cfg;
+    struct layout lay;
+    assert_int_equal(model_config_load(cfg_path, &cfg), 0);
+    assert_int_equal(layout_build(&cfg, 1, &lay), 0);
+    double params = (double)lay.num_params;
+    layout_free(&lay);
+    /* no checkpoint scheduled: the one a stop would write (bf16 weights, fp32 master, m, v: 14 bytes
+     * per parameter) is warned of; the run, never stopped, writes nothing and succeeds */
+    snprintf(launch, sizeof launch, "cd %s && %s %s checkpoint.dir=small/ckpt checkpoint.save_final=false 2>&1", cdir,
+             tu_bin("slidedp-launch"), ini);
+    in_mount_ns(cmd, sizeof cmd, cdir, "size=16k small", launch);
+    rc = tu_sh(&out, "%s", cmd);
+    printf("%s# no checkpoint scheduled: exit %d\n", out, rc);
+    assert_int_equal(rc, 0);
+    snprintf(line, sizeof line, "warning: a stop (Ctrl-C, SIGTERM) writes a checkpoint of %s in ",
+             fs_bytes_str(14.0 * params, need));
+    assert_non_null(strstr(out, line));
+    assert_non_null(strstr(out, "/small/ckpt; "));
+    assert_non_null(strstr(out, "has 16.0 KiB free"));
+    assert_null(strstr(out, "the checkpoints and the export in"));
+    free(out);
     /* 16 KiB: too small for the tiny model's ~0.2 MiB export */
     snprintf(launch, sizeof launch, "cd %s && %s %s checkpoint.dir=small/ckpt 2>&1", cdir, tu_bin("slidedp-launch"), ini);
     in_mount_ns(cmd, sizeof cmd, cdir, "size=16k small", launch);
@@ -378,14 +402,7 @@ static void test_disk_full(void **state)
     assert_int_equal(rc, 1);
     /* steps = 3, no periodic checkpoints: the final checkpoint (bf16 weights, fp32 master, m, v)
      * and the export (bf16 weights): 16 bytes per parameter */
-    char cfg_path[1400], need[32], line[256];
-    snprintf(cfg_path, sizeof cfg_path, "%s/model/config.json", dir);
-    struct model_config cfg;
-    struct layout lay;
-    assert_int_equal(model_config_load(cfg_path, &cfg), 0);
-    assert_int_equal(layout_build(&cfg, 1, &lay), 0);
-    snprintf(line, sizeof line, "need up to %s; ", fs_bytes_str(16.0 * (double)lay.num_params, need));
-    layout_free(&lay);
+    snprintf(line, sizeof line, "need up to %s; ", fs_bytes_str(16.0 * params, need));
     assert_non_null(strstr(out, "warning: the checkpoints and the export in"));
     assert_non_null(strstr(out, line));
     assert_non_null(strstr(out, "has 16.0 KiB free"));
