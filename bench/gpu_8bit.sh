@@ -74,8 +74,15 @@ run() {
         > "$out/$name.plan_file.json" 2> /dev/null
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/${name}_gpu.log" 2>&1 &
     local smi=$!
-    timeout "$limit" "$build/slidedp-launch" "$w/job.ini" $bf16g "$@" > "$out/$name.log" 2>&1 &
+    "$build/slidedp-launch" "$w/job.ini" $bf16g "$@" > "$out/$name.log" 2>&1 &
     local pid=$!
+    # at the deadline the job's processes are killed (-9) and its state removed below (--clean): a
+    # SIGTERM would have it write a checkpoint of its last step first, even after a second signal
+    # (an 8B job's fp32 state is 115 GB, more than the host's disk)
+    ( sleep "$limit"
+      local job_id=$(grep -o 'slidedp: job [0-9a-f]*' "$out/$name.log" | head -1 | cut -d' ' -f3)
+      kill -9 $pid 2>/dev/null && [ -n "$job_id" ] && pkill -9 -f "slidedp-(worker|optim) --job $job_id" ) &
+    local guard=$!
     # every 0.5 s: the host bytes, and the optimizers' busy seconds (slidedp-stat, with the time)
     ( while kill -0 $pid 2>/dev/null; do
         host_bytes $pid "$out/$name.log"
@@ -95,7 +102,7 @@ run() {
     fi
     wait $pid
     local rc=$?
-    kill $smi 2>/dev/null
+    kill $guard $smi 2>/dev/null
     wait $smi $sampler 2>/dev/null
     cp "$w/log/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
     python3 - "$name" "$rc" "$out" "$killed" "$*" "${WARM_STEPS:-2}" <<'PY' | tee -a "$out/issue32.results"
