@@ -79,7 +79,8 @@ double calib_curve_at(const struct calib_curve *cv, double t)
     /* read on the curve's running maximum: a dip between neighbours at the top (one host measured
      * the 8-bit update at 14, 15 and 16 threads as 4.56, 4.21 and 4.53 G/s) is noise of a shared
      * memory bus, yet priced it made 13 threads look faster than 15, which ran 13% slower
-     * (docs/performance.md §12.2); a streaming pass loses nothing from threads it could leave idle */
+     * (docs/performance.md §12.2); a streaming pass loses nothing from threads it could leave idle, and
+     * interference on a shared host only ever slows a pass, so the higher neighbour is the better estimate */
     double below = cv->value[0];
     for (int i = 1; i < cv->n; i++) {
         double at = fmax(below, cv->value[i]);
