@@ -204,6 +204,12 @@ static void prune(const struct job_state *st)
     free(steps);
 }
 
+double checkpoint_bytes(const struct job_state *st)
+{
+    double params = (double)st->lay.num_params;
+    return params * ((st->job.export_dtype == EXPORT_FP32 ? 4 : 2) + 4 + 2 * (double)ctl_state_size(st->job.optimizer_state));
+}
+
 int checkpoint_write(const struct job_state *st, uint32_t step)
 {
     char dir[JOB_PATH_MAX + 32], tmp[JOB_PATH_MAX + 64], path[JOB_PATH_MAX + 96];

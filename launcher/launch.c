@@ -535,6 +535,10 @@ static void checkpoint_on_stop(struct sup *s)
                 committed + 1, atomic_load(&h->ckpt_done_step));
         return;
     }
+    /* a large model's takes minutes, during which the launcher answers no signal: say so first */
+    char size[32];
+    printf("writing checkpoint step-%u (%s)\n", committed, fs_bytes_str(checkpoint_bytes(&s->st), size));
+    fflush(stdout);
     if (checkpoint_write(&s->st, committed) != 0) {
         fprintf(stderr, "slidedp-launch: %s\n", sd_errmsg());
         s->exit_code = 1;

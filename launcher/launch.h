@@ -66,6 +66,8 @@ int preflight_paths(const struct job_state *st);
 
 /* Disk checkpoints (checkpoint.c): step-S/ with the HF weights and the optimizer state. */
 int checkpoint_write(const struct job_state *st, uint32_t step);
+/* The bytes of one step-S/: the weights in export_dtype, the fp32 master, m and v. */
+double checkpoint_bytes(const struct job_state *st);
 /* The newest complete step-S/ in checkpoint.dir (0 when none). */
 int checkpoint_latest(const struct job_config *job, uint32_t *step);
 /* Refuses to resume from step-S/ when it is past train.steps or does not match the model (every

@@ -426,6 +426,15 @@ static void test_sigterm_resume(void **state)
     printf("# stopped after step %d; checkpoint %s\n", last, p);
     assert_true(tu_exists(p));
     assert_true(last > 0 && last < 120);
+    /* the stop's checkpoint is announced with its size before it is written (a large model's takes
+     * minutes), unless the step's periodic one is already on disk */
+    char log_path[1300], line[96];
+    job_path("sigterm", "launcher.log", log_path, sizeof log_path);
+    char *log = tu_read_file(log_path, NULL);
+    assert_non_null(log);
+    snprintf(line, sizeof line, "writing checkpoint step-%d (", last);
+    assert_true((strstr(log, line) != NULL) == (last % 40 != 0));
+    free(log);
     assert_int_equal(run_job("sigterm", NULL), 0);
     assert_same_weights("sigterm", "ref");
     assert_int_equal(metrics_lines("sigterm", &first, &last), 120);
