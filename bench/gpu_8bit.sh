@@ -80,7 +80,7 @@ run() {
     # SIGTERM would have it write a checkpoint of its last step first, even after a second signal
     # (an 8B job's fp32 state is 115 GB, more than the host's disk)
     ( sleep "$limit"
-      local job_id=$(grep -o 'slidedp: job [0-9a-f]*' "$out/$name.log" | head -1 | cut -d' ' -f3)
+      local job_id=$(job_id_of "$out/$name.log")
       kill -9 $pid 2>/dev/null && [ -n "$job_id" ] && pkill -9 -f "slidedp-(worker|optim) --job $job_id" ) &
     local guard=$!
     # every 0.5 s: the host bytes, and the optimizers' busy seconds (slidedp-stat, with the time)
@@ -92,7 +92,7 @@ run() {
     local sampler=$! killed=""
     if [ "$kill" = worker ]; then
         while kill -0 $pid 2>/dev/null && [ "$(cat "$w/log/metrics.jsonl" 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.05; done
-        local jobname=$(grep -o 'slidedp: job [0-9a-f]*' "$out/$name.log" | head -1 | cut -d' ' -f3)
+        local jobname=$(job_id_of "$out/$name.log")
         local victim=$(pgrep -f "slidedp-worker --job $jobname" | head -1)
         if [ -n "$jobname" ] && [ -n "$victim" ] && kill -9 "$victim"; then
             killed="worker pid $victim after step $(cat "$w/log/metrics.jsonl" | wc -l)"

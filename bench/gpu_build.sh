@@ -108,6 +108,11 @@ dir = $1/log
 EOF
 }
 
+# job_id_of LOG: the job name a launcher's log announces ("slidedp: job NAME, ..."), empty before it.
+job_id_of() {
+    grep -o 'slidedp: job [0-9a-f]*' "$1" 2>/dev/null | head -1 | cut -d' ' -f3
+}
+
 # random_tokens FILE N: N random token ids of the Qwen3 vocabulary as an llm.c v7 token file.
 random_tokens() {
     python3 - "$1" "$2" <<'PY'

@@ -41,7 +41,7 @@ run() {
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.05
         done
-        local job=$(grep -o 'slidedp: job [0-9a-f]*' "$out/det_$name.log" | head -1 | cut -d' ' -f3)
+        local job=$(job_id_of "$out/det_$name.log")
         local victim=$(pgrep -f "$prog --job $job" | head -1)
         if [ -n "$job" ] && [ -n "$victim" ] && kill -9 "$victim"; then
             killed="$prog pid $victim after step $(cat "$d/log/metrics.jsonl" | wc -l)"
