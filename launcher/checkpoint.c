@@ -206,8 +206,8 @@ static void prune(const struct job_state *st)
 
 double checkpoint_bytes(const struct job_state *st)
 {
-    double params = (double)st->lay.num_params;
-    return params * ((st->job.export_dtype == EXPORT_FP32 ? 4 : 2) + 4 + 2 * (double)ctl_state_size(st->job.optimizer_state));
+    double weights = st->job.export_dtype == EXPORT_FP32 ? 4 : 2;
+    return (double)st->lay.num_params * (weights + 4 + 2 * (double)ctl_state_size(st->job.optimizer_state));
 }
 
 int checkpoint_write(const struct job_state *st, uint32_t step)
