@@ -43,7 +43,7 @@ if wanted calibrate && [ "$(left 90)" -ge 60 ]; then
     timeout "$(left 90)" "$build/slidedp-plan" "$w/job.ini" --recalibrate --json > "$out/calibration.json" 2>&1
     log "calibrated (threads: G units/s): $(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['calibration']['host']; \
 print('; '.join(k + ' ' + ' '.join(f\"{p['threads']}:{p['value'] / 1e9:.2f}\" for p in c[k]) for k in \
-('memcpy_bw', 'adamw_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')))" "$out/calibration.json" 2>&1)"
+('memcpy_bw', 'adamw_fp32_rate', 'adamw_bf16_rate', 'adamw_8bit_rate', 'sumsq_bf16_rate')))" "$out/calibration.json" 2>&1)"
 fi
 
 # the update's rate per state on this host's threads (the optimizer's cores: all but one), its
@@ -138,16 +138,23 @@ for l in lines(f"{out}/{name}_stat.log"):
     t, _, j = l.partition(" ")
     try:
         j = json.loads(j)
-        stat.append((float(t), j["step"], [o["busy_s"] for o in j["optimizers"]]))
+        stat.append((float(t), j["step"], [o["busy_s"] for o in j["optimizers"]],
+                     [o["update_s"] for o in j["optimizers"]]))
     except (ValueError, KeyError, TypeError):
         pass
 stat = [x for x in stat if x[1] >= int(warm) and len(x[2]) == len(stat[-1][2])]
-optim_busy = (max((b - a) for a, b in zip(stat[0][2], stat[-1][2])) / (stat[-1][0] - stat[0][0]) * st.median(x)
-              if len(stat) >= 2 and x and stat[-1][0] > stat[0][0] else float("nan"))
+# the busiest optimizer's busy seconds per step, and the same optimizer's updating part of them
+optim_busy = optim_update = float("nan")
+if len(stat) >= 2 and x and stat[-1][0] > stat[0][0]:
+    per_step = st.median(x) / (stat[-1][0] - stat[0][0])
+    busiest = max(range(len(stat[0][2])), key=lambda k: stat[-1][2][k] - stat[0][2][k])
+    optim_busy = (stat[-1][2][busiest] - stat[0][2][busiest]) * per_step
+    optim_update = (stat[-1][3][busiest] - stat[0][3][busiest]) * per_step
 err = [l.strip() for l in lines(f"{out}/{name}.log") if "slidedp-launch:" in l][:1]
 print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"), "steps": x,
                   "predicted": rows[0]["predicted_step_s"] if rows else float("nan"),
                   "predicted_file": predicted_file, "plan": chosen, "optim_busy": optim_busy,
+                  "optim_update": optim_update,
                   "predicted_optim": predicted_optim,
                   "peak_host": max(host) if host else float("nan"), "peak_gpu_mib": max(gpu) if gpu else float("nan"),
                   "params": params, "planned_host": planned, "plan_fits": fits, "largest_layers": largest,
@@ -245,7 +252,11 @@ for model in ("q8", "q17"):
     a, b = rows.get(f"{model}_8bit"), rows.get(f"{model}_fp32")
     if a and b:
         print(f"{model}: 8-bit step {a['measured']:.3f} s vs fp32 state {b['measured']:.3f} s: "
-              f"{'faster' if a['measured'] < b['measured'] else 'NOT faster'}")
+              f"{'faster' if a['measured'] < b['measured'] else 'NOT faster'}; plans {a['plan']} / {b['plan']}")
+    for r in (rows.get(f"{model}_{mode}") for mode in ("8bit", "bf16", "fp32")):
+        if r:
+            print(f"  {r['name']}: busiest optimizer {r.get('optim_busy', float('nan')):.3f} s a step, updating "
+                  f"{r.get('optim_update', float('nan')):.3f}; predicted {r.get('predicted_optim', float('nan')):.3f}")
 a, b = rows.get("q14_8bit"), rows.get("q14_8bit_kill")
 if a and b:
     same = a["losses"] == b["losses"] and a["norms"] == b["norms"] and len(a["losses"]) == len(b["losses"]) > 0
@@ -283,5 +294,6 @@ for g, rs in sorted(groups.items()):
         print(f"  {r['name']:28} {r['measured']:.3f} s ({r['runs']} run(s), {len(r['steps'])} steps)  predicted "
               f"{r['predicted']:.3f} ({e:+.1f}%){'  <-- over 15%' if abs(e) > 15 else ''}  "
               f"h200-host.json {r['predicted_file']:.3f} ({f:+.1f}%)  busiest optimizer "
-              f"{r.get('optim_busy', float('nan')):.3f} s a step, predicted {r.get('predicted_optim', float('nan')):.3f}")
+              f"{r.get('optim_busy', float('nan')):.3f} s a step (updating {r.get('optim_update', float('nan')):.3f}), "
+              f"predicted {r.get('predicted_optim', float('nan')):.3f}")
 PY

@@ -432,7 +432,11 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
     }
     atomic_fetch_add_explicit(&o->slot->bytes_out, (uint64_t)ch->numel * 2, memory_order_relaxed);
     atomic_fetch_add_explicit(&o->slot->items, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
+    /* busy first, and the update's share released after it: a monitor that reads update_ns (acquire)
+     * and then busy_ns never sees more updating than busy time */
+    uint64_t spent = clock_ns() - t0;
+    atomic_fetch_add_explicit(&o->slot->busy_ns, spent, memory_order_relaxed);
+    atomic_fetch_add_explicit(&o->slot->update_ns, spent, memory_order_release);
 }
 
 /* The lowest-numbered owned chunk whose update is pending, or -1. */

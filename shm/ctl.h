@@ -81,6 +81,7 @@ struct proc_slot {
                                   * (the bf16 copy's bytes, counted also when there is none) */
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t wait_ns;
+    _Atomic uint64_t update_ns;  /* optimizers: the part of busy_ns spent updating chunks */
     _Atomic uint64_t items;      /* micro-steps (workers), chunk updates (optimizers) */
     _Atomic uint64_t bytes_peer; /* bytes read from other workers' device memory (exchange routes) */
     /* set once at start-up by the process */

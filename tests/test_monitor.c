@@ -490,7 +490,11 @@ static void check_stat_json(const char *job, const struct ctl_header *h)
         assert_true(cJSON_GetObjectItem(w, "d2h_bytes")->valuedouble > 0);
         assert_true(cJSON_GetObjectItem(w, "micro_steps")->valuedouble >= 2);
     }
-    assert_true(cJSON_GetObjectItem(cJSON_GetArrayItem(optims, 0), "chunk_updates")->valuedouble > 0);
+    cJSON *optim0 = cJSON_GetArrayItem(optims, 0);
+    assert_true(cJSON_GetObjectItem(optim0, "chunk_updates")->valuedouble > 0);
+    /* updating is part of the busy time: both counted from the same update's clock */
+    double update_s = cJSON_GetObjectItem(optim0, "update_s")->valuedouble;
+    assert_true(update_s > 0 && update_s <= cJSON_GetObjectItem(optim0, "busy_s")->valuedouble);
     printf("# slidedp-stat --json: step %d loss %.4f, %d optimizer(s)\n", step, loss, h->optim_procs);
     cJSON_Delete(o);
     free(out);
