@@ -52,6 +52,7 @@ struct consts {
     bool lerp_low;    /* torch's lerp branch: weight < 0.5 */
     float b2, w2;     /* beta2, 1 - beta2 */
     float bc2_sqrt;   /* sqrt(1 - beta2^step) */
+    float bc2_rsqrt;  /* 1 / sqrt(1 - beta2^step): the 8-bit update multiplies where torch divides */
     float neg_step;   /* -lr / (1 - beta1^step) */
     float eps, gscale;
 };
@@ -67,6 +68,7 @@ static struct consts consts_of(const struct adamw_step *s)
     c.b2 = s->beta2;
     c.w2 = (float)(1.0 - (double)s->beta2);
     c.bc2_sqrt = (float)sqrt(bc2);
+    c.bc2_rsqrt = (float)(1.0 / sqrt(bc2));
     c.neg_step = (float)(-(double)s->lr / bc1);
     c.eps = s->eps;
     c.gscale = s->grad_scale;
@@ -453,7 +455,7 @@ static void adamw8_block_scalar(const struct consts *c, const struct io8 *a, siz
         float mi = c->lerp_low ? mo + c->w1 * (gi - mo) : gi - (gi - mo) * (1.0f - c->w1);
         float vi = vo * c->b2 + (c->w2 * gi) * gi;
         float si = sqrtf(vi);
-        float denom = si / c->bc2_sqrt + c->eps;
+        float denom = si * c->bc2_rsqrt + c->eps;
         pi = pi + c->neg_step * (mi / denom);
         a->po[i] = pi;
         if (a->p16)
@@ -534,7 +536,7 @@ __attribute__((target("avx2"))) static void adamw8_avx2(const struct consts *c, 
     enum { V = STATE8_BLOCK / 8 };
     const __m256 gscale = _mm256_set1_ps(c->gscale), decay = _mm256_set1_ps(c->decay), w1 = _mm256_set1_ps(c->w1),
                  one_w1 = _mm256_set1_ps(1.0f - c->w1), b2 = _mm256_set1_ps(c->b2), w2 = _mm256_set1_ps(c->w2),
-                 bc2s = _mm256_set1_ps(c->bc2_sqrt), neg_step = _mm256_set1_ps(c->neg_step),
+                 bc2r = _mm256_set1_ps(c->bc2_rsqrt), neg_step = _mm256_set1_ps(c->neg_step),
                  eps = _mm256_set1_ps(c->eps);
     const __m256i abs = _mm256_set1_epi32(0x7fffffff), low7 = _mm256_set1_epi32(0x7f), low16 = _mm256_set1_epi32(0xffff),
                   one = _mm256_set1_epi32(1), fourteen = _mm256_set1_epi32(14);
@@ -558,7 +560,7 @@ __attribute__((target("avx2"))) static void adamw8_avx2(const struct consts *c, 
                                     : _mm256_sub_ps(gi, _mm256_mul_ps(_mm256_sub_ps(gi, mo), one_w1));
             __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(so, so), b2), _mm256_mul_ps(_mm256_mul_ps(w2, gi), gi));
             __m256 si = _mm256_sqrt_ps(vi);
-            __m256 denom = _mm256_add_ps(_mm256_div_ps(si, bc2s), eps);
+            __m256 denom = _mm256_add_ps(_mm256_mul_ps(si, bc2r), eps);
             pi = _mm256_add_ps(pi, _mm256_mul_ps(neg_step, _mm256_div_ps(mi, denom)));
             _mm256_storeu_ps(a->po + j, pi);
             if (a->p16)
@@ -650,7 +652,7 @@ __attribute__((target(AVX512_TARGET), always_inline)) static inline void adamw8_
     enum { V = STATE8_BLOCK / 16, G = 4 };
     const __m512 gscale = _mm512_set1_ps(c->gscale), decay = _mm512_set1_ps(c->decay), w1 = _mm512_set1_ps(c->w1),
                  one_w1 = _mm512_set1_ps(1.0f - c->w1), b2 = _mm512_set1_ps(c->b2), w2 = _mm512_set1_ps(c->w2),
-                 bc2s = _mm512_set1_ps(c->bc2_sqrt), neg_step = _mm512_set1_ps(c->neg_step),
+                 bc2r = _mm512_set1_ps(c->bc2_rsqrt), neg_step = _mm512_set1_ps(c->neg_step),
                  eps = _mm512_set1_ps(c->eps);
     const __m512i abs = _mm512_set1_epi32(0x7fffffff), low7 = _mm512_set1_epi32(0x7f),
                   low16 = _mm512_set1_epi32(0xffff), one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
@@ -681,7 +683,7 @@ __attribute__((target(AVX512_TARGET), always_inline)) static inline void adamw8_
                     __m512 vi =
                         _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(so, so), b2), _mm512_mul_ps(_mm512_mul_ps(w2, gi), gi));
                     __m512 si = _mm512_sqrt_ps(vi);
-                    __m512 denom = _mm512_add_ps(_mm512_div_ps(si, bc2s), eps);
+                    __m512 denom = _mm512_add_ps(_mm512_mul_ps(si, bc2r), eps);
                     pi = _mm512_add_ps(pi, _mm512_mul_ps(neg_step, _mm512_div_ps(mi, denom)));
                     _mm512_storeu_ps(a->po + j, pi);
                     if (with_p16) {

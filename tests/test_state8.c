@@ -231,6 +231,8 @@ static void case_fill(struct case8 *c, uint64_t *seed)
         m[i] = s[i] = c->g[i] = 0;
     for (int i = 200; i < 256; i++) /* a block of small gradients beside large ones */
         c->g[i] *= 1e-20f;
+    for (int i = 320; i < 448; i++) /* zero weights: p is the step alone, to its last bit */
+        c->p[i] = 0;
     c->p[5] = NAN;    /* a NaN weight stays NaN */
     c->g[9] = 1e30f;  /* huge gradient: v overflows */
     c->g[300] = NAN;  /* NaN gradient */
@@ -245,8 +247,10 @@ static const struct adamw_step step8 = {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.9
                                         .weight_decay = 0.01f, .grad_scale = 0.25f, .step = 3,
                                         .round_key = 0x1234567890abcdefull, .round_first = 8192};
 
-/* The fp32 update of the decoded state gives the same p and p16; the stored state is the reference
- * quantisation of its m and sqrt(v) with the documented draws (SplitMix64 stepped from the key). */
+/* The fp32 update of the decoded state gives the same m and v, and p as the 8-bit update defines it
+ * (sqrt(v) times 1/sqrt(1 - beta2^step), where the fp32 update divides; docs/design.md §9.6),
+ * computed here element by element; the stored state is the reference quantisation of m and
+ * sqrt(v) with the documented draws (SplitMix64 stepped from the key). */
 static void test_update_against_fp32(void **state)
 {
     uint64_t seed = tu_seed("state8 update", 27);
@@ -260,6 +264,19 @@ static void test_update_against_fp32(void **state)
         v32[i] = s * s;
     }
     adamw_update_to(ADAMW_SCALAR, &step8, c.p, m32, v32, c.g, p32, m32, v32, p16_32, N);
+    double bc1 = 1 - pow(step8.beta1, step8.step), bc2 = 1 - pow(step8.beta2, step8.step);
+    float decay = (float)(1 - (double)step8.lr * step8.weight_decay), rsqrt_bc2 = (float)(1 / sqrt(bc2));
+    float neg_step = (float)(-(double)step8.lr / bc1);
+    int divided_differs = 0; /* elements where the fp32 update's division gives another p */
+    for (int i = 0; i < N; i++) {
+        float p = c.p[i] * decay + neg_step * (m32[i] / (sqrtf(v32[i]) * rsqrt_bc2 + step8.eps));
+        divided_differs += memcmp(&p, &p32[i], sizeof p) != 0;
+        p32[i] = p;
+        p16_32[i] = f32_to_bf16(p);
+    }
+    printf("# p differs from the fp32 update's (which divides by sqrt(1 - beta2^step)) in %d of %d elements\n",
+           divided_differs, N);
+    assert_true(divided_differs > 0); /* the zero weights tell the two apart */
     adamw_update_8bit_to(ADAMW_SCALAR, &step8, c.p, in_of(&c, 0), c.g, c.po, out_of(&c, 0), c.p16, N);
     assert_memory_equal(c.po, p32, sizeof p32);
     assert_memory_equal(c.p16, p16_32, sizeof p16_32);
@@ -298,18 +315,21 @@ static void test_isa_and_split(void **state)
                          whole.p16, N);
     enum adamw_isa best = adamw_isa_detect();
     for (int isa = 0; isa <= (int)best; isa++) {
-        for (int split = 0; split < 2; split++) {
+        /* the AVX-512 path takes blocks four at a time, then one at a time: 576 is 2 groups and a
+         * block (then a group, 2 blocks and the partial one), 128 two blocks and no group */
+        static const size_t cuts[] = {N, 576, 128};
+        for (int split = 0; split < 3; split++) {
             struct case8 *o = &out[isa];
             *o = base;
-            size_t cut = split ? 576 : N;
+            size_t cut = cuts[split];
             struct adamw_step st = step8;
             adamw_update_8bit_to((enum adamw_isa)isa, &st, o->p, in_of(o, 0), o->g, o->po, out_of(o, 0), o->p16, cut);
             st.round_first += cut;
             if (cut < N)
                 adamw_update_8bit_to((enum adamw_isa)isa, &st, o->p + cut, in_of(o, cut), o->g + cut, o->po + cut,
                                      out_of(o, cut), o->p16 + cut, N - cut);
-            printf("# %s%s: 8-bit state bit-identical to the scalar path in one piece\n",
-                   adamw_isa_name((enum adamw_isa)isa), split ? " split at element 576" : "");
+            printf("# %s, pieces split at element %zu: 8-bit state bit-identical to the scalar path in one piece\n",
+                   adamw_isa_name((enum adamw_isa)isa), cut);
             assert_memory_equal(o->po, whole.po, sizeof whole.po);
             assert_memory_equal(o->p16, whole.p16, sizeof whole.p16);
             assert_memory_equal(o->mo, whole.mo, sizeof whole.mo);
