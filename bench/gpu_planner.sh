@@ -93,4 +93,4 @@ for r in rows:
     print(f"{r['name']}: {r['args']} -> {r['plan']}")
 PY
 # the calibration the predictions came from
-cat "${SLIDEDP_CACHE_DIR:-$HOME/.cache/slidedp}"/calib-*.json 2>/dev/null | grep -E '"(ncpu|memcpy_bw|adamw_rate)"' | tee -a "$out/summary.log"
+cat "${SLIDEDP_CACHE_DIR:-$HOME/.cache/slidedp}"/calib-*.json 2>/dev/null | grep -E '"(ncpu|memcpy_bw|adamw_rate|adamw_fp32_rate)"' | tee -a "$out/summary.log"

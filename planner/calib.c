@@ -93,6 +93,23 @@ double calib_curve_at(const struct calib_curve *cv, double t)
     return below;
 }
 
+struct calib_curve calib_fp32_update_curve(const struct calib_host *h)
+{
+    if (h->adamw_fp32_rate.n > 0)
+        return h->adamw_fp32_rate;
+    struct calib_curve cv = h->adamw_rate;
+    for (int i = 0; i < cv.n; i++)
+        cv.value[i] *= CALIB_UPDATE_BYTES_OLD / CALIB_UPDATE_BYTES;
+    return cv;
+}
+
+double calib_fp32_update_bw(const struct calib_host *h, double t)
+{
+    if (h->adamw_fp32_rate.n > 0)
+        return CALIB_UPDATE_BYTES * calib_curve_at(&h->adamw_fp32_rate, t);
+    return CALIB_UPDATE_BYTES_OLD * calib_curve_at(&h->adamw_rate, t);
+}
+
 /* ---- measurement ---- */
 
 static double now_s(void)
@@ -159,9 +176,9 @@ static void *par_thread(void *arg)
     struct par_job *j = pa->job;
     size_t per = j->n / (size_t)j->threads, off = per * (size_t)pa->index;
     size_t n = pa->index == j->threads - 1 ? j->n - off : per;
-    float *stage = malloc(STAGE_BLOCK * 3 * sizeof(float) + STAGE_BLOCK * sizeof(uint16_t));
+    float *stage = malloc(STAGE_BLOCK * 4 * sizeof(float) + STAGE_BLOCK * sizeof(uint16_t));
     SD_ASSERT(stage);
-    uint16_t *stage16 = (uint16_t *)(stage + 3 * STAGE_BLOCK);
+    uint16_t *stage16 = (uint16_t *)(stage + 4 * STAGE_BLOCK);
     struct adamw_step st = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
                             .grad_scale = 1.0f, .step = 3};
     pthread_barrier_wait(&j->barrier);
@@ -177,12 +194,15 @@ static void *par_thread(void *arg)
             total += sumsq_f32(j->isa, stage, k);
         }
         j->sink[pa->index] = total;
-    } else if (j->kind == PAR_ADAMW) {
+    } else if (j->kind == PAR_ADAMW) { /* bf16 gradients in the d area; the copy computed, not written */
+        const uint16_t *g16 = (const uint16_t *)j->d;
+        float *g32 = stage + 3 * STAGE_BLOCK;
         for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
             size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
-            adamw_update_to(j->isa, &st, j->a + i, j->b + i, j->c + i, j->d + i, stage, stage + STAGE_BLOCK,
+            bf16_to_f32_n(g32, g16 + i, k);
+            adamw_update_to(j->isa, &st, j->a + i, j->b + i, j->c + i, g32, stage, stage + STAGE_BLOCK,
                             stage + 2 * STAGE_BLOCK, stage16, k);
-            adamw_store_staged(j->a + i, j->b + i, j->c + i, j->p16 + i, stage, stage + STAGE_BLOCK,
+            adamw_store_staged(j->a + i, j->b + i, j->c + i, NULL, stage, stage + STAGE_BLOCK,
                                stage + 2 * STAGE_BLOCK, stage16, k, sizeof(float));
         }
     } else if (j->kind == PAR_ADAMW_8BIT) { /* codes and scales in the b area, bf16 gradients in the c area */
@@ -324,7 +344,7 @@ static int measure_memory(struct calib_host *h)
         struct calib_curve *curve;
         double units; /* bytes copied or parameters updated or squared per pass */
     } runs[] = {{PAR_MEMCPY, &h->memcpy_bw, (double)n * sizeof(float)},
-                {PAR_ADAMW, &h->adamw_rate, (double)n},
+                {PAR_ADAMW, &h->adamw_fp32_rate, (double)n},
                 {PAR_ADAMW_BF16, &h->adamw_bf16_rate, (double)n},
                 {PAR_ADAMW_8BIT, &h->adamw_8bit_rate, (double)n},
                 {PAR_SUMSQ_BF16, &h->sumsq_bf16_rate, (double)n}};
@@ -674,6 +694,15 @@ static bool curve_parse(const cJSON *a, struct calib_curve *cv)
     return true;
 }
 
+/* The fp32 update's curve in either flavour: a file from before adamw_fp32_rate has adamw_rate. */
+static bool fp32_update_parse(const cJSON *o, struct calib_host *h)
+{
+    if (curve_parse(cJSON_GetObjectItemCaseSensitive(o, "adamw_fp32_rate"), &h->adamw_fp32_rate))
+        return true;
+    h->adamw_fp32_rate.n = 0;
+    return curve_parse(cJSON_GetObjectItemCaseSensitive(o, "adamw_rate"), &h->adamw_rate);
+}
+
 static bool num_field(const cJSON *o, const char *key, double *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -707,7 +736,10 @@ static int save_host(const char *path, const char *hostname, const struct calib_
     cJSON_AddNumberToObject(o, "ncpu", h->ncpu);
     cJSON_AddNumberToObject(o, "measured_unix", (double)time(NULL));
     cJSON_AddItemToObject(o, "memcpy_bw", curve_json(&h->memcpy_bw));
-    cJSON_AddItemToObject(o, "adamw_rate", curve_json(&h->adamw_rate));
+    if (h->adamw_rate.n > 0) /* a host file written before adamw_fp32_rate, saved again */
+        cJSON_AddItemToObject(o, "adamw_rate", curve_json(&h->adamw_rate));
+    if (h->adamw_fp32_rate.n > 0)
+        cJSON_AddItemToObject(o, "adamw_fp32_rate", curve_json(&h->adamw_fp32_rate));
     cJSON_AddItemToObject(o, "adamw_bf16_rate", curve_json(&h->adamw_bf16_rate));
     cJSON_AddItemToObject(o, "adamw_8bit_rate", curve_json(&h->adamw_8bit_rate));
     cJSON_AddItemToObject(o, "sumsq_bf16_rate", curve_json(&h->sumsq_bf16_rate));
@@ -760,7 +792,7 @@ static bool load_host(const char *path, int ncpu, struct calib_host *h, cJSON **
     struct calib_cpu *cpu = &h->cpu;
     bool ok = num_field(o, "version", &version) && version == CALIB_VERSION && num_field(o, "ncpu", &n) && n >= 1 &&
               n <= MAX_THREADS && (ncpu == 0 || (int)n == ncpu) && curve_parse(cJSON_GetObjectItemCaseSensitive(o, "memcpy_bw"), &h->memcpy_bw) &&
-              curve_parse(cJSON_GetObjectItemCaseSensitive(o, "adamw_rate"), &h->adamw_rate) &&
+              fp32_update_parse(o, h) &&
               curve_parse(cJSON_GetObjectItemCaseSensitive(o, "adamw_bf16_rate"), &h->adamw_bf16_rate) &&
               num_field(o, "wake_s", &h->wake_s) && cJSON_IsObject(c) && num_field(c, "gemm_flops", &cpu->gemm_flops) &&
               cpu->gemm_flops > 0 && num_field(c, "gemm_elem_s", &cpu->gemm_elem_s) &&

@@ -15,6 +15,13 @@
  * the median of 8 bench_optim runs on this tree's (loaded, 2-core) development host, 0.67 to 1.22;
  * the estimate for files without the 8-bit curve (docs/design.md §10.1). */
 #define CALIB_8BIT_PER_BF16 0.95
+/* Host memory bytes a parameter of adamw_fp32_rate's update touches (a bf16 gradient read; master,
+ * m and v read and written) and of the older adamw_rate's (a fp32 gradient, and the bf16 copy
+ * written). Priced from the older flavour by its bytes, fp32-state jobs streaming the master with
+ * bf16 gradients were predicted 20-24% slow on an H100 host: the update is not bound by its bytes
+ * alone (docs/performance.md §12.2). */
+#define CALIB_UPDATE_BYTES 26.0
+#define CALIB_UPDATE_BYTES_OLD 30.0
 #define CALIB_MAX_POINTS 16
 #define CALIB_PATH_MAX 1100
 
@@ -57,8 +64,15 @@ struct calib_cpu {
 struct calib_host {
     int ncpu;
     struct calib_curve memcpy_bw;  /* bytes/s copied by t threads together (large buffers) */
-    struct calib_curve adamw_rate; /* parameters/s updated by t threads together, through a staging
-                                    * block as optimizer/optim.c does (optimizer/adamw.h) */
+    struct calib_curve adamw_rate; /* parameters/s updated by t threads together, fp32 m and v, through a
+                                    * staging block as optimizer/optim.c does (optimizer/adamw.h), from
+                                    * fp32 gradients with the bf16 copy written: CALIB_UPDATE_BYTES_OLD
+                                    * a parameter. Only in a file calibrated before adamw_fp32_rate
+                                    * (n = 0 otherwise); read through calib_adamw_fp32_rate */
+    struct calib_curve adamw_fp32_rate; /* the same from bf16 gradients widened block by block and
+                                         * with no bf16 copy written, CALIB_UPDATE_BYTES a parameter:
+                                         * the flavour of the two below and of a job streaming the
+                                         * master with bf16 gradients */
     struct calib_curve adamw_bf16_rate; /* the same with m and v in bf16 ([train] optimizer_state =
                                          * bf16): bf16 gradients widened, stochastic rounding, no
                                          * bf16 copy written */
@@ -149,6 +163,11 @@ void calib_gpu_defaults(struct calib_gpu *g);
  * per-thread rate; a described host may give only its core count), clamped above the most; read on
  * its running maximum over thread counts, so more threads never price slower than fewer. */
 double calib_curve_at(const struct calib_curve *cv, double t);
+/* adamw_fp32_rate, or for a file calibrated before it adamw_rate priced by bytes in its flavour; and
+ * the host memory bytes/s the calibrated update moved at t threads (CALIB_UPDATE_BYTES a parameter of
+ * adamw_fp32_rate, CALIB_UPDATE_BYTES_OLD of adamw_rate). */
+struct calib_curve calib_fp32_update_curve(const struct calib_host *h);
+double calib_fp32_update_bw(const struct calib_host *h, double t);
 /* The thread counts a host of ncpu CPUs is measured at: 1, 2, 4, ... and ncpu - 2, ncpu - 1, ncpu. */
 void calib_thread_points(int ncpu, struct calib_curve *cv);
 

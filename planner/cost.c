@@ -671,7 +671,8 @@ static double finish_step(struct sim *s)
 
 /* An optimizer process's update rates on the cores it has. */
 struct update_rates {
-    double update_bw; /* bytes/s of host memory the fp32-state AdamW moves */
+    double update_bw; /* bytes/s of host memory the fp32-state AdamW moves (the calibrated flavour's,
+                       * calib_fp32_update_bw; the job's own is priced by its bytes) */
     double adamw16;   /* params/s with bf16 state (its stochastic rounding can make it compute-bound) */
     double adamw8;    /* the same with 8-bit state */
 };
@@ -701,7 +702,7 @@ static struct update_rates update_rates_on(const struct calib *cal, const struct
 {
     int threads = optim_threads_on(p, cores);
     return (struct update_rates){
-        .update_bw = UPDATE_BYTES * calib_curve_at(&cal->host.adamw_rate, threads) / p->optim_procs,
+        .update_bw = calib_fp32_update_bw(&cal->host, threads) / p->optim_procs,
         .adamw16 = calib_curve_at(&cal->host.adamw_bf16_rate, threads) / p->optim_procs,
         .adamw8 = calib_curve_at(&cal->host.adamw_8bit_rate, threads) / p->optim_procs,
     };
@@ -716,7 +717,7 @@ static struct rates rates_of(const struct cost_case *mc)
     /* the most host memory traffic calibration saw: a copy's (each byte read and written) or the
      * optimizer's, whichever moved more */
     r.host_bw = fmax(2 * calib_curve_at(&cal->host.memcpy_bw, cal->host.ncpu),
-                     UPDATE_BYTES * calib_curve_at(&cal->host.adamw_rate, cal->host.ncpu));
+                     calib_fp32_update_bw(&cal->host, cal->host.ncpu));
     bool bwd_fetch = p->chunk_buffers < mc->lay->num_chunks;
     r.h2d_fwd = fmin(cal->gpu.h2d_bw, r.host_bw / G);
     r.h2d_bwd = fmin(cal->gpu.bidir_bw, r.host_bw / (2 * G));

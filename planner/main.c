@@ -292,9 +292,10 @@ static void print_text_calibration(const struct report *r)
     printf("  memcpy   ");
     for (int i = 0; i < cal->host.memcpy_bw.n; i++)
         printf(" %d thr %.1f GB/s;", cal->host.memcpy_bw.threads[i], cal->host.memcpy_bw.value[i] / 1e9);
-    printf("\n  AdamW    ");
-    for (int i = 0; i < cal->host.adamw_rate.n; i++)
-        printf(" %d thr %.2f G params/s;", cal->host.adamw_rate.threads[i], cal->host.adamw_rate.value[i] / 1e9);
+    struct calib_curve fp32_update = calib_fp32_update_curve(&cal->host);
+    printf("\n  AdamW, fp32 state%s", cal->host.adamw_fp32_rate.n ? "" : " (from fp32 gradients with the bf16 copy, by bytes)");
+    for (int i = 0; i < fp32_update.n; i++)
+        printf(" %d thr %.2f G params/s;", fp32_update.threads[i], fp32_update.value[i] / 1e9);
     printf("\n  AdamW, bf16 state");
     for (int i = 0; i < cal->host.adamw_bf16_rate.n; i++)
         printf(" %d thr %.2f G params/s;", cal->host.adamw_bf16_rate.threads[i],
@@ -580,7 +581,8 @@ static cJSON *calibration_json(const struct calib *cal)
     cJSON_AddStringToObject(ch, "file", cal->host_file);
     cJSON_AddNumberToObject(ch, "ncpu", cal->host.ncpu);
     cJSON_AddItemToObject(ch, "memcpy_bw", curve_json(&cal->host.memcpy_bw));
-    cJSON_AddItemToObject(ch, "adamw_rate", curve_json(&cal->host.adamw_rate));
+    struct calib_curve fp32_update = calib_fp32_update_curve(&cal->host);
+    cJSON_AddItemToObject(ch, "adamw_fp32_rate", curve_json(&fp32_update)); /* as priced */
     cJSON_AddItemToObject(ch, "adamw_bf16_rate", curve_json(&cal->host.adamw_bf16_rate));
     cJSON_AddItemToObject(ch, "adamw_8bit_rate", curve_json(&cal->host.adamw_8bit_rate));
     cJSON_AddItemToObject(ch, "sumsq_bf16_rate", curve_json(&cal->host.sumsq_bf16_rate));

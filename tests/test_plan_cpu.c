@@ -106,6 +106,13 @@ static void test_predicted_vs_measured(void **state)
                sizes[i][1], p, m, 100.0 * (p / m - 1));
         assert_true(fabs(p / m - 1) <= 0.30);
     }
+    /* the fresh calibration measured the fp32 update in the flavour the planner prices (bf16
+     * gradients, no bf16 copy), not the older one */
+    char *listing = NULL;
+    assert_int_equal(tu_sh(&listing, "cat %s/calib-*.json", cache), 0);
+    assert_non_null(strstr(listing, "\"adamw_fp32_rate\""));
+    assert_null(strstr(listing, "\"adamw_rate\""));
+    free(listing);
 }
 
 int main(void)

@@ -9,6 +9,7 @@
  * docs/performance.md §7. Fixed or described calibrations, so no timing is involved. */
 #include "tests/testutil.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1528,6 +1529,44 @@ static void test_weights_source(void **state)
  * cases' since the deterministic attention backward's cuDNN calls take up to 1 GiB of dP scratch,
  * common/attn_tiles.h, and again since that scratch counts cuDNN's fp32 dQ accumulator, 16 and 8 MiB
  * here), host_state ignored. */
+/* The fp32 update's curve: a file calibrated before adamw_fp32_rate prices its adamw_rate (fp32
+ * gradients, the bf16 copy written) by its 30 bytes a parameter, exactly as before; a file with
+ * adamw_fp32_rate (bf16 gradients, no copy) prices that by 26, and takes it over adamw_rate; a
+ * malformed adamw_fp32_rate falls back to adamw_rate. */
+static void test_fp32_update_curve_flavours(void **state)
+{
+    struct calib old, both, broken;
+    assert_int_equal(calib_load_described(tu_src("examples/h200-host.json"), &old), 0);
+    assert_int_equal(old.host.adamw_fp32_rate.n, 0);
+    assert_true(old.host.adamw_rate.n > 0);
+    for (int t = 1; t <= 16; t++)
+        assert_true(calib_fp32_update_bw(&old.host, t) == 30 * calib_curve_at(&old.host.adamw_rate, t));
+    char *text = tu_read_file(tu_src("examples/h200-host.json"), NULL);
+    assert_non_null(text);
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    assert_non_null(o);
+    cJSON *fp32 = cJSON_CreateArray(); /* 1.5 G params/s at 1 thread, 6 at 15 */
+    cJSON_AddItemToArray(fp32, cJSON_CreateDoubleArray((const double[]){1, 1.5e9}, 2));
+    cJSON_AddItemToArray(fp32, cJSON_CreateDoubleArray((const double[]){15, 6e9}, 2));
+    cJSON_AddItemToObject(o, "adamw_fp32_rate", fp32);
+    char path[1100], *out = cJSON_Print(o);
+    snprintf(path, sizeof path, "%s/both-curves.json", tu_tmpdir(3, "fp32-curve"));
+    tu_write_file(path, out);
+    free(out);
+    assert_int_equal(calib_load_described(path, &both), 0);
+    assert_float_equal(calib_fp32_update_bw(&both.host, 15), 26 * 6e9, 1);
+    assert_float_equal(calib_fp32_update_bw(&both.host, 8), 26 * (1.5e9 + 7.0 / 14 * 4.5e9), 1);
+    cJSON_ReplaceItemInArray(cJSON_GetArrayItem(fp32, 1), 1, cJSON_CreateNumber(-1)); /* not a rate */
+    out = cJSON_Print(o);
+    tu_write_file(path, out);
+    free(out);
+    cJSON_Delete(o);
+    assert_int_equal(calib_load_described(path, &broken), 0);
+    assert_int_equal(broken.host.adamw_fp32_rate.n, 0);
+    assert_true(calib_fp32_update_bw(&broken.host, 15) == calib_fp32_update_bw(&old.host, 15));
+}
+
 static void test_hosts_one_as_before(void **state)
 {
     struct model_config cfg = medium();
@@ -1947,6 +1986,7 @@ int main(void)
         cmocka_unit_test(test_hosts_link_bytes),
         cmocka_unit_test(test_hosts_memory),
         cmocka_unit_test(test_hosts_auto_state),
+        cmocka_unit_test(test_fp32_update_curve_flavours),
         cmocka_unit_test(test_hosts_one_as_before),
         cmocka_unit_test(test_norm_in_update_reads_nothing),
         cmocka_unit_test(test_poster_core_in_backward),
