@@ -204,10 +204,17 @@ static void prune(const struct job_state *st)
     free(steps);
 }
 
+double export_weight_bytes(const struct job_state *st)
+{
+    return (double)st->lay.num_params * (st->job.export_dtype == EXPORT_FP32 ? 4 : 2);
+}
+
 double checkpoint_bytes(const struct job_state *st)
 {
-    double weights = st->job.export_dtype == EXPORT_FP32 ? 4 : 2;
-    return (double)st->lay.num_params * (weights + 4 + 2 * (double)ctl_state_size(st->job.optimizer_state));
+    enum optimizer_state mode = st->job.optimizer_state;
+    double scales = mode == OPTIM_STATE_8BIT ? 2.0 / STATE8_BLOCK : 0; /* a byte of m's and of v's a block */
+    return export_weight_bytes(st) +
+           (double)st->lay.num_params * (4 + 2 * (double)ctl_state_size(mode) + scales);
 }
 
 int checkpoint_write(const struct job_state *st, uint32_t step)

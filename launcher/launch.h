@@ -66,7 +66,9 @@ int preflight_paths(const struct job_state *st);
 
 /* Disk checkpoints (checkpoint.c): step-S/ with the HF weights and the optimizer state. */
 int checkpoint_write(const struct job_state *st, uint32_t step);
-/* The bytes of one step-S/: the weights in export_dtype, the fp32 master, m and v. */
+/* The bytes of the weights in export_dtype (an export, or a checkpoint's share), and of one step-S/:
+ * those, the fp32 master, m and v (with 8-bit state their block scales too). */
+double export_weight_bytes(const struct job_state *st);
 double checkpoint_bytes(const struct job_state *st);
 /* The newest complete step-S/ in checkpoint.dir (0 when none). */
 int checkpoint_latest(const struct job_config *job, uint32_t *step);

@@ -63,12 +63,11 @@ static int check_dir(const char *key, const char *dir, char base[JOB_PATH_MAX])
 static double disk_bytes_needed(const struct job_state *st, bool *stop_only)
 {
     const struct job_config *job = &st->job;
-    double weights = (double)st->lay.num_params * (job->export_dtype == EXPORT_FP32 ? 4 : 2);
     int periodic = job->ckpt_every > 0 ? job->steps / job->ckpt_every : 0;
     int written = periodic + (job->save_final ? 1 : 0);
     int on_disk = written < job->ckpt_keep + 1 ? written : job->ckpt_keep + 1;
     *stop_only = on_disk == 0;
-    return (*stop_only ? 1 : on_disk) * checkpoint_bytes(st) + (job->save_final ? weights : 0);
+    return (*stop_only ? 1 : on_disk) * checkpoint_bytes(st) + (job->save_final ? export_weight_bytes(st) : 0);
 }
 
 int preflight_paths(const struct job_state *st)

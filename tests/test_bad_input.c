@@ -394,6 +394,20 @@ static void test_disk_full(void **state)
     assert_non_null(strstr(out, "has 16.0 KiB free"));
     assert_null(strstr(out, "the checkpoints and the export in"));
     free(out);
+    /* with 8-bit state: bf16 weights, fp32 master, a byte of m and of v, and a scale byte of each a
+     * block of STATE8_BLOCK (without the scales the size would read 3.1 KiB less) */
+    snprintf(launch, sizeof launch,
+             "cd %s && %s %s checkpoint.dir=small/ckpt checkpoint.save_final=false train.optimizer_state=8bit "
+             "log.dir=log-8bit 2>&1",
+             cdir, tu_bin("slidedp-launch"), ini);
+    in_mount_ns(cmd, sizeof cmd, cdir, "size=16k small", launch);
+    rc = tu_sh(&out, "%s", cmd);
+    printf("%s# 8-bit state, no checkpoint scheduled: exit %d\n", out, rc);
+    assert_int_equal(rc, 0);
+    snprintf(line, sizeof line, "warning: a stop (Ctrl-C, SIGTERM) writes a checkpoint of %s in ",
+             fs_bytes_str((8.0 + 2.0 / STATE8_BLOCK) * params, need));
+    assert_non_null(strstr(out, line));
+    free(out);
     /* 16 KiB: too small for the tiny model's ~0.2 MiB export */
     snprintf(launch, sizeof launch, "cd %s && %s %s checkpoint.dir=small/ckpt 2>&1", cdir, tu_bin("slidedp-launch"), ini);
     in_mount_ns(cmd, sizeof cmd, cdir, "size=16k small", launch);
