@@ -17,7 +17,6 @@
 
 char jobs_dir[1024];
 
-#define BATCH_MAX 8 /* launchers a batch may run at once */
 
 void jobs_setup(const char *tag)
 {

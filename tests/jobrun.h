@@ -81,6 +81,7 @@ struct batch_job {
 /* How many jobs a batch runs at once: SLIDEDP_TEST_JOBS, else the CPUs this process may use (at
  * least 2, at most 4). The jobs are independent (own folders, own shm names), and what the tests
  * assert of them does not depend on how fast they run. */
+#define BATCH_MAX 8 /* launchers a batch may run at once: batch_width() is at most this */
 int batch_width(void);
 /* Runs the jobs, batch_width() launchers at a time, and fills their rc; a hung one fails the test. */
 void run_batch(struct batch_job *jobs, int n);

@@ -10,7 +10,7 @@
  * relaunch resumes and ends bit-identical. And the exchanging job's last validation cut short on one
  * worker only (held at a point, its peer's validation done, then killed), and each worker and
  * optimizer held at each of its points while its launcher is killed (the relaunch adopts the state
- * and kills the held process). Prints the table of points
+ * and kills the held process; batch_width() jobs at once too). Prints the table of points
  * x processes.
  * SLIDEDP_KILLPOINTS_LONG=1 kills each at its first, middle and last pass (three times as long). */
 #include "tests/testutil.h"
@@ -318,7 +318,35 @@ static void test_adopted_unmarked_step(void **state)
 /* The same at every point a worker or an optimizer passes, at pass n/2 of the n in the clean run of
  * test_every_point_host_slots or _exchanging (for worker 0's progress marks, 3 a step, the last of
  * step 5: the case above): the process held there (SIGSTOP), its launcher killed, the relaunch
- * adopts the state and kills the held process as an orphan; bit-identical to that clean run. */
+ * adopts the state and kills the held process as an orphan; bit-identical to that clean run. The
+ * (point, process) pairs go batch_width() at a time, as the enumeration's kills do: each job has its
+ * own folder and shm names, and each step waits for all of the batch's jobs. */
+struct adopt_case {
+    char name[96], spec[96];
+    int kind, index;
+    pid_t pid;
+};
+
+static void adopt_batch(struct adopt_case *c, int n, const char *ref)
+{
+    for (int i = 0; i < n; i++)
+        c[i].pid = start_launcher(c[i].name, c[i].spec);
+    for (int i = 0; i < n; i++) {
+        wait_proc_stopped(c[i].pid, c[i].name, c[i].kind, c[i].index);
+        kill(c[i].pid, SIGKILL);
+        assert_int_equal(wait_exit(c[i].pid, c[i].name), 128 + SIGKILL);
+    }
+    for (int i = 0; i < n; i++)
+        c[i].pid = start_launcher(c[i].name, NULL);
+    for (int i = 0; i < n; i++) {
+        assert_finishes_like(c[i].pid, c[i].name, ref);
+        assert_same_checkpoints(c[i].name, ref);
+        char dir[1300];
+        job_path(c[i].name, "", dir, sizeof dir);
+        tu_rmrf(dir);
+    }
+}
+
 static void every_point_adopted(const struct variant *v)
 {
     uint64_t t0 = clock_ns();
@@ -327,25 +355,30 @@ static void every_point_adopted(const struct variant *v)
     snprintf(ref, sizeof ref, "ref-%s", v->tag);
     job_path(ref, "counts", count_dir, sizeof count_dir);
     read_counts(count_dir, &t);
-    int held = 0;
+    struct adopt_case batch[BATCH_MAX];
+    int width = batch_width(), pending = 0, held = 0;
     for (int p = 1; p < PROCS; p++)
         for (int i = 0; i < num_points(); i++) {
             long n = t.hits[i][p];
             if (n == 0)
                 continue;
             long k = n > 1 ? n / 2 : 1;
-            char name[96], spec[96];
-            snprintf(name, sizeof name, "adopt-%s-%s-%s-%ld", v->tag, proc_label[p], fault_points[i], k);
-            snprintf(spec, sizeof spec, "%s:%ld:stop:r%d", fault_points[i], k, proc_index[p]);
-            write_job_as(v, name, STEPS, EXTRA);
-            hold_kill_launcher_adopt(name, spec, p <= 2 ? PROC_WORKER : PROC_OPTIM, proc_index[p], ref);
-            char dir[1300];
-            job_path(name, "", dir, sizeof dir);
-            tu_rmrf(dir);
+            struct adopt_case *c = &batch[pending++];
+            snprintf(c->name, sizeof c->name, "adopt-%s-%s-%s-%ld", v->tag, proc_label[p], fault_points[i], k);
+            snprintf(c->spec, sizeof c->spec, "%s:%ld:stop:r%d", fault_points[i], k, proc_index[p]);
+            c->kind = p <= 2 ? PROC_WORKER : PROC_OPTIM;
+            c->index = proc_index[p];
+            write_job_as(v, c->name, STEPS, EXTRA);
             held++;
+            if (pending == width) {
+                adopt_batch(batch, pending, ref);
+                pending = 0;
+            }
         }
-    printf("# %s: a process held at each of %d (point, process) pairs, its launcher killed, relaunched: all "
-           "bit-identical, in %.1f s\n", v->tag, held, (double)(clock_ns() - t0) * 1e-9);
+    adopt_batch(batch, pending, ref);
+    printf("# %s: a process held at each of %d (point, process) pairs, %d at a time, its launcher killed, "
+           "relaunched: all bit-identical, in %.1f s\n",
+           v->tag, held, width, (double)(clock_ns() - t0) * 1e-9);
 }
 
 static void test_every_point_adopted(void **state)
