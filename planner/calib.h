@@ -68,7 +68,8 @@ struct calib_host {
                                     * staging block as optimizer/optim.c does (optimizer/adamw.h), from
                                     * fp32 gradients with the bf16 copy written: CALIB_UPDATE_BYTES_OLD
                                     * a parameter. Only in a file calibrated before adamw_fp32_rate
-                                    * (n = 0 otherwise); read through calib_adamw_fp32_rate */
+                                    * (n = 0 otherwise); read through calib_fp32_update_curve and
+                                    * calib_fp32_update_bw */
     struct calib_curve adamw_fp32_rate; /* the same from bf16 gradients widened block by block and
                                          * with no bf16 copy written, CALIB_UPDATE_BYTES a parameter:
                                          * the flavour of the two below and of a job streaming the

@@ -661,13 +661,16 @@ static double finish_step(struct sim *s)
  * accumulator (read both, write one), and AdamW (read master, m, v, grad; write them and bf16). */
 #define REDUCE_BYTES 12.0
 #define SUMSQ_BYTES 4.0 /* the direct route's reduction only squares the accumulator */
-#define UPDATE_BYTES 30.0
+#define UPDATE_BYTES CALIB_UPDATE_BYTES_OLD /* the older calibration curve's flavour (planner/calib.h) */
 #define BF16_GRAD_SAVING 2.0 /* bytes per parameter less to read with a bf16 accumulator */
 #define BF16_STATE_SAVING 8.0 /* with bf16 m and v: 2 bytes less of each to read and to write */
 /* with 8-bit m and v: 3 bytes less of each to read and to write, and a scale byte of each per block
  * read and written */
 #define STATE8_SAVING (12.0 - 4.0 / STATE8_BLOCK)
 #define BF16_COPY_SAVING 2.0  /* workers streaming the master: no bf16 copy to write */
+/* adamw_fp32_rate's flavour is the master-streaming job's with bf16 gradients */
+_Static_assert((int)CALIB_UPDATE_BYTES == (int)(UPDATE_BYTES - BF16_GRAD_SAVING - BF16_COPY_SAVING),
+               "CALIB_UPDATE_BYTES is the bytes of the lean update");
 
 /* An optimizer process's update rates on the cores it has. */
 struct update_rates {
