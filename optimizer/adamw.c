@@ -421,11 +421,66 @@ float state8_value(enum state8_kind kind, uint8_t code, uint8_t scale)
     return code & 0x80 ? -mag : mag;
 }
 
-/* The 32 random bits of element i: half of draw i / 2 (the low half for even i), so one 64-bit mix
- * serves two elements. */
+/* The rounding bits of 8-bit state (adamw.h): element i takes 32-bit word i & 3 of Q8_AES_ROUNDS AES
+ * rounds (AESENC: SubBytes, ShiftRows, MixColumns, then the round key; Q8_AES_KEY0 and Q8_AES_KEY1
+ * alternating) of the 128-bit block whose low 64 bits are i >> 2 and high 64 bits the stream's key.
+ * The rounds are a bijection and one VAES instruction each for 16 elements, where a 64-bit
+ * SplitMix64 mix took 13 vector operations for 16 (two of them vpmullq, three micro-operations on
+ * port 0 each): design §9.6. */
+#define Q8_AES_ROUNDS 4
+#define Q8_AES_KEY0 0x243f6a8885a308d3ull /* the digits of pi, as any constant would do */
+#define Q8_AES_KEY1 0x13198a2e03707344ull
+
+static const uint8_t aes_sbox[256] = {
+    0x63, 0x7c, 0x77, 0x7b, 0xf2, 0x6b, 0x6f, 0xc5, 0x30, 0x01, 0x67, 0x2b, 0xfe, 0xd7, 0xab, 0x76,
+    0xca, 0x82, 0xc9, 0x7d, 0xfa, 0x59, 0x47, 0xf0, 0xad, 0xd4, 0xa2, 0xaf, 0x9c, 0xa4, 0x72, 0xc0,
+    0xb7, 0xfd, 0x93, 0x26, 0x36, 0x3f, 0xf7, 0xcc, 0x34, 0xa5, 0xe5, 0xf1, 0x71, 0xd8, 0x31, 0x15,
+    0x04, 0xc7, 0x23, 0xc3, 0x18, 0x96, 0x05, 0x9a, 0x07, 0x12, 0x80, 0xe2, 0xeb, 0x27, 0xb2, 0x75,
+    0x09, 0x83, 0x2c, 0x1a, 0x1b, 0x6e, 0x5a, 0xa0, 0x52, 0x3b, 0xd6, 0xb3, 0x29, 0xe3, 0x2f, 0x84,
+    0x53, 0xd1, 0x00, 0xed, 0x20, 0xfc, 0xb1, 0x5b, 0x6a, 0xcb, 0xbe, 0x39, 0x4a, 0x4c, 0x58, 0xcf,
+    0xd0, 0xef, 0xaa, 0xfb, 0x43, 0x4d, 0x33, 0x85, 0x45, 0xf9, 0x02, 0x7f, 0x50, 0x3c, 0x9f, 0xa8,
+    0x51, 0xa3, 0x40, 0x8f, 0x92, 0x9d, 0x38, 0xf5, 0xbc, 0xb6, 0xda, 0x21, 0x10, 0xff, 0xf3, 0xd2,
+    0xcd, 0x0c, 0x13, 0xec, 0x5f, 0x97, 0x44, 0x17, 0xc4, 0xa7, 0x7e, 0x3d, 0x64, 0x5d, 0x19, 0x73,
+    0x60, 0x81, 0x4f, 0xdc, 0x22, 0x2a, 0x90, 0x88, 0x46, 0xee, 0xb8, 0x14, 0xde, 0x5e, 0x0b, 0xdb,
+    0xe0, 0x32, 0x3a, 0x0a, 0x49, 0x06, 0x24, 0x5c, 0xc2, 0xd3, 0xac, 0x62, 0x91, 0x95, 0xe4, 0x79,
+    0xe7, 0xc8, 0x37, 0x6d, 0x8d, 0xd5, 0x4e, 0xa9, 0x6c, 0x56, 0xf4, 0xea, 0x65, 0x7a, 0xae, 0x08,
+    0xba, 0x78, 0x25, 0x2e, 0x1c, 0xa6, 0xb4, 0xc6, 0xe8, 0xdd, 0x74, 0x1f, 0x4b, 0xbd, 0x8b, 0x8a,
+    0x70, 0x3e, 0xb5, 0x66, 0x48, 0x03, 0xf6, 0x0e, 0x61, 0x35, 0x57, 0xb9, 0x86, 0xc1, 0x1d, 0x9e,
+    0xe1, 0xf8, 0x98, 0x11, 0x69, 0xd9, 0x8e, 0x94, 0x9b, 0x1e, 0x87, 0xe9, 0xce, 0x55, 0x28, 0xdf,
+    0x8c, 0xa1, 0x89, 0x0d, 0xbf, 0xe6, 0x42, 0x68, 0x41, 0x99, 0x2d, 0x0f, 0xb0, 0x54, 0xbb, 0x16,
+};
+
+/* One AESENC on a block held as two little-endian 64-bit halves (byte k of the block is byte k % 8 of
+ * half k / 8), with the round key (key, key) in both halves. */
+static void aesenc_soft(uint64_t x[2], uint64_t key)
+{
+    uint8_t s[16], t[16];
+    for (int k = 0; k < 16; k++)
+        s[k] = (uint8_t)(x[k / 8] >> (8 * (k % 8)));
+    for (int col = 0; col < 4; col++) /* SubBytes and ShiftRows: row r of column c from column c + r */
+        for (int row = 0; row < 4; row++)
+            t[4 * col + row] = aes_sbox[s[4 * ((col + row) & 3) + row]];
+    x[0] = x[1] = 0;
+    for (int col = 0; col < 4; col++) { /* MixColumns: 2a0 + 3a1 + a2 + a3, rotated, in GF(2^8) */
+        const uint8_t *a = t + 4 * col;
+        uint8_t all = a[0] ^ a[1] ^ a[2] ^ a[3];
+        for (int row = 0; row < 4; row++) {
+            uint8_t d = a[row] ^ a[(row + 1) & 3];
+            uint8_t twice = (uint8_t)(d << 1 ^ (d & 0x80 ? 0x1b : 0));
+            int k = 4 * col + row;
+            x[k / 8] |= (uint64_t)(uint8_t)(a[row] ^ all ^ twice) << (8 * (k % 8));
+        }
+    }
+    x[0] ^= key;
+    x[1] ^= key;
+}
+
 static inline uint32_t q8_draw(uint64_t key, uint64_t i)
 {
-    return (uint32_t)(splitmix64_at(key, i >> 1) >> (i & 1 ? 32 : 0));
+    uint64_t x[2] = {i >> 2, key};
+    for (int r = 0; r < Q8_AES_ROUNDS; r++)
+        aesenc_soft(x, r & 1 ? Q8_AES_KEY1 : Q8_AES_KEY0);
+    return (uint32_t)(x[(i & 3) / 2] >> (i & 1 ? 32 : 0));
 }
 
 /* Arrays of an 8-bit update: in (may alias out), out, and the rounding stream. */
@@ -523,15 +578,19 @@ __attribute__((target("avx2"))) static inline __m256i load_bytes8_avx2(const uin
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)x));
 }
 
-/* q8_draw of elements first .. first+7 (first even): 4 draws, their halves in order. */
-__attribute__((target("avx2"))) static inline __m256i q8_draws8_avx2(uint64_t key, uint64_t first)
+/* q8_draw of elements first .. first+7 (first a multiple of 4): two blocks, with AES-NI. */
+__attribute__((target("avx2,aes"))) static inline __m256i q8_draws8_avx2(uint64_t key, uint64_t first)
 {
-    const uint64_t g = SPLITMIX64_GAMMA;
-    const __m256i steps = _mm256_setr_epi64x(0, (long long)g, (long long)(2 * g), (long long)(3 * g));
-    return mix64_avx2(_mm256_add_epi64(_mm256_set1_epi64x((long long)(key + ((first >> 1) + 1) * g)), steps));
+    const __m128i k0 = _mm_set1_epi64x((long long)Q8_AES_KEY0), k1 = _mm_set1_epi64x((long long)Q8_AES_KEY1);
+    __m128i lo = _mm_set_epi64x((long long)key, (long long)(first >> 2)), hi = _mm_add_epi64(lo, _mm_cvtsi32_si128(1));
+    for (int r = 0; r < Q8_AES_ROUNDS; r++) {
+        lo = _mm_aesenc_si128(lo, r & 1 ? k1 : k0);
+        hi = _mm_aesenc_si128(hi, r & 1 ? k1 : k0);
+    }
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-__attribute__((target("avx2"))) static void adamw8_avx2(const struct consts *c, const struct io8 *a, size_t n)
+__attribute__((target("avx2,aes"))) static void adamw8_avx2(const struct consts *c, const struct io8 *a, size_t n)
 {
     enum { V = STATE8_BLOCK / 8 };
     const __m256 gscale = _mm256_set1_ps(c->gscale), decay = _mm256_set1_ps(c->decay), w1 = _mm256_set1_ps(c->w1),
@@ -631,13 +690,16 @@ __attribute__((target(AVX512_TARGET))) static inline void hmax2_avx512(__m512i x
     *ymax = (uint32_t)_mm_cvtsi128_si32(_mm512_extracti32x4_epi32(m, 2));
 }
 
-/* q8_draw of elements first .. first+15 (first even): 8 draws, their halves in order. */
-__attribute__((target(AVX512_TARGET))) static inline __m512i q8_draws16_avx512(uint64_t key, uint64_t first)
+/* q8_draw of elements first .. first+15 (first a multiple of 4): four blocks, one VAES instruction
+ * a round. */
+__attribute__((target(AVX512_TARGET ",vaes"))) static inline __m512i q8_draws16_avx512(uint64_t key, uint64_t first)
 {
-    const uint64_t g = SPLITMIX64_GAMMA;
-    const __m512i steps = _mm512_setr_epi64(0, (long long)g, (long long)(2 * g), (long long)(3 * g), (long long)(4 * g),
-                                            (long long)(5 * g), (long long)(6 * g), (long long)(7 * g));
-    return mix64_avx512(_mm512_add_epi64(_mm512_set1_epi64((long long)(key + ((first >> 1) + 1) * g)), steps));
+    const __m512i k0 = _mm512_set1_epi64((long long)Q8_AES_KEY0), k1 = _mm512_set1_epi64((long long)Q8_AES_KEY1);
+    __m512i x = _mm512_add_epi64(_mm512_set_epi64((long long)key, 3, (long long)key, 2, (long long)key, 1, (long long)key, 0),
+                                 _mm512_maskz_set1_epi64(0x55, (long long)(first >> 2)));
+    for (int r = 0; r < Q8_AES_ROUNDS; r++)
+        x = _mm512_aesenc_epi128(x, r & 1 ? k1 : k0);
+    return x;
 }
 
 /* with_p16: write the bf16 copy (a constant in each caller, so the variant without it has no pack:
@@ -645,7 +707,7 @@ __attribute__((target(AVX512_TARGET))) static inline __m512i q8_draws16_avx512(u
  * Blocks go G at a time: the first pass of all G, then their maxima (independent chains, which the
  * core overlaps: one block's maximum to scale to encoding is a long chain of latency), then the
  * second pass of all G. */
-__attribute__((target(AVX512_TARGET), always_inline)) static inline void adamw8_avx512_body(const struct consts *c,
+__attribute__((target(AVX512_TARGET ",vaes"), always_inline)) static inline void adamw8_avx512_body(const struct consts *c,
                                                                                           const struct io8 *a,
                                                                                           size_t n, bool with_p16)
 {
@@ -737,7 +799,7 @@ __attribute__((target(AVX512_TARGET), always_inline)) static inline void adamw8_
         adamw8_block_scalar(c, a, i, n - i);
 }
 
-__attribute__((target(AVX512_TARGET))) static void adamw8_avx512(const struct consts *c, const struct io8 *a,
+__attribute__((target(AVX512_TARGET ",vaes"))) static void adamw8_avx512(const struct consts *c, const struct io8 *a,
                                                                  size_t n)
 {
     if (a->p16)
@@ -752,6 +814,13 @@ void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const 
     struct consts c = consts_of(s);
     struct io8 a = {.p = p, .g = g, .po = p_out, .p16 = p16, .in = in, .out = out, .round_key = s->round_key,
                     .round_first = s->round_first};
+    /* the rounding bits' AES rounds: VAES for the AVX-512 path, AES-NI for the AVX2 one; without them
+     * the next path down computes the same bits */
+    __builtin_cpu_init();
+    if (isa == ADAMW_AVX512 && !__builtin_cpu_supports("vaes"))
+        isa = ADAMW_AVX2;
+    if (isa == ADAMW_AVX2 && !__builtin_cpu_supports("aes"))
+        isa = ADAMW_SCALAR;
     switch (isa) {
     case ADAMW_AVX512:
         adamw8_avx512(&c, &a, n);
