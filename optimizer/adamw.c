@@ -7,7 +7,8 @@
  * beta2 = 0.999, v * beta2 moves v by less than half a bf16 ulp, so rounded to nearest v would never
  * decay; stochastic rounding stores each value exactly on average. Its bits come from a counter
  * (SplitMix64 draw of the element's index, keyed by seed, step and tensor), not from a generator's
- * state, so a crashed optimizer's successor recomputes a block with the same bits. */
+ * state, so a crashed optimizer's successor recomputes a block with the same bits. 8-bit state
+ * takes its bits from AES rounds of the same counter (q8_draw), cheaper in its vector paths. */
 #include "adamw.h"
 
 #include <immintrin.h>

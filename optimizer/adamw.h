@@ -67,12 +67,15 @@ struct state8 {
     uint8_t *m, *v, *m_scale, *v_scale;
 };
 
-/* The AdamW update with 8-bit m and v: decoded (exact), the update computed in fp32 exactly as
- * adamw_update_to, the new m and sqrt(v) quantized per block; element i is rounded with 32 bits of
- * SplitMix64 seeded with s->round_key (bits 0-15 m, bits 16-31 v): with j = s->round_first + i, the
- * low half of draw j/2 for even j, the high half for odd j. s->round_first is even. p and the arrays start at a block's
+/* The AdamW update with 8-bit m and v: decoded (exact), the update computed in fp32 (sqrt(v) times
+ * 1/sqrt(1 - beta2^step), where adamw_update_to divides), the new m and sqrt(v) quantized per block;
+ * element i is rounded with 32 bits (bits 0-15 m, bits 16-31 v): with j = s->round_first + i, 32-bit
+ * word j mod 4 (little-endian) of four AES rounds (AESENC, round keys 0x243f6a8885a308d3 and
+ * 0x13198a2e03707344 in both halves, alternating) of the block whose low 64 bits are j / 4 and high
+ * 64 bits s->round_key. s->round_first is a multiple of 4; p and the arrays start at a block's
  * first element; n need not be a multiple of STATE8_BLOCK (the last block is partial). p16 may be
- * NULL: no bf16 copy (the workers stream the master). */
+ * NULL: no bf16 copy (the workers stream the master). Bit-identical on every ISA path; the AVX-512
+ * one needs VAES and the AVX2 one AES-NI (without them the next path down runs). */
 void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, struct state8 in,
                           const float *g, float *p_out, struct state8 out, uint16_t *p16, size_t n);
 
