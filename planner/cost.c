@@ -823,15 +823,22 @@ static double master_pieces(double n)
  * G ranks' copies of the fill, which wait for this update and run during the next ones (the forward
  * trails the optimizer), take that bandwidth from it; with bf16 or 8-bit state the calibrated rate
  * of that update is a floor (its rounding, and the codes, are compute; calibrated with bf16
- * gradients to widen, the most work per parameter). */
+ * gradients to widen, the most work per parameter), for 8-bit state with the fill and any copy
+ * written beside it at the memory rate. */
 static double update_s(const struct sim *s, const struct update_rates *rt, double owned, double fill_bytes)
 {
     double memory = (owned * s->update_bytes + s->G * fill_bytes) / rt->update_bw;
+    /* The 8-bit rate was calibrated with no fill beside it and no copy written: those bytes take
+     * their time from the update at the memory rate (in the job the 8-bit update ran at 88-92% of
+     * its calibrated rate, as the fp32 one did of its own; docs/performance.md §12.4). The bf16
+     * state's measurements disagree between sessions, so its floor stays the calibrated rate. */
+    double beside = (s->G * fill_bytes + (plan_streams_master(s->mc->plan) ? 0 : BF16_COPY_SAVING * owned)) /
+                    rt->update_bw;
     switch (s->mc->job->optimizer_state) {
     case OPTIM_STATE_BF16:
         return fmax(memory, owned / rt->adamw16);
     case OPTIM_STATE_8BIT:
-        return fmax(memory, owned / rt->adamw8);
+        return fmax(memory, owned / rt->adamw8 + beside);
     default:
         return memory;
     }
