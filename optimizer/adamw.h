@@ -17,8 +17,8 @@ struct adamw_step {
     float weight_decay; /* 0 for tensors without decay */
     float grad_scale;   /* clip coefficient (1 when not clipping) */
     int step;           /* update number, from 1, for bias correction */
-    /* bf16 state only (adamw_update_bf16_to): the rounding stream (adamw_round_key) and the draw
-     * that rounds the call's first element */
+    /* bf16 and 8-bit state only (adamw_update_bf16_to, adamw_update_8bit_to): the rounding stream
+     * (adamw_round_key) and the index within the tensor of the call's first element */
     uint64_t round_key, round_first;
 };
 
