@@ -828,17 +828,16 @@ static double master_pieces(double n)
 static double update_s(const struct sim *s, const struct update_rates *rt, double owned, double fill_bytes)
 {
     double memory = (owned * s->update_bytes + s->G * fill_bytes) / rt->update_bw;
-    /* The 8-bit rate was calibrated with no fill beside it and no copy written: those bytes take
-     * their time from the update at the memory rate (in the job the 8-bit update ran at 88-92% of
-     * its calibrated rate, as the fp32 one did of its own; docs/performance.md §12.4). The bf16
-     * state's measurements disagree between sessions, so its floor stays the calibrated rate. */
-    double beside = (s->G * fill_bytes + (plan_streams_master(s->mc->plan) ? 0 : BF16_COPY_SAVING * owned)) /
-                    rt->update_bw;
     switch (s->mc->job->optimizer_state) {
-    case OPTIM_STATE_BF16:
+    case OPTIM_STATE_BF16: /* its measurements disagree between sessions: the calibrated rate alone */
         return fmax(memory, owned / rt->adamw16);
-    case OPTIM_STATE_8BIT:
-        return fmax(memory, owned / rt->adamw8 + beside);
+    case OPTIM_STATE_8BIT: {
+        /* The 8-bit rate was calibrated with no fill beside it and no copy written: those bytes take
+         * their time from the update at the memory rate (in the job the 8-bit update ran at 88-92%
+         * of its calibrated rate, as the fp32 one did of its own; docs/performance.md §12.4). */
+        double copy = plan_streams_master(s->mc->plan) ? 0 : BF16_COPY_SAVING * owned;
+        return fmax(memory, owned / rt->adamw8 + (s->G * fill_bytes + copy) / rt->update_bw);
+    }
     default:
         return memory;
     }

@@ -17,7 +17,6 @@
 
 char jobs_dir[1024];
 
-
 void jobs_setup(const char *tag)
 {
     snprintf(jobs_dir, sizeof jobs_dir, "%s", tu_tmpdir(0, tag));
