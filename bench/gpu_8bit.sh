@@ -72,6 +72,7 @@ run() {
     shift 3
     [ "$limit" -lt 30 ] && { log "$name: skipped (no time left)"; return; }
     rm -rf "$w/log" "$w/ckpt"
+    cp "$w/job.ini" "$w/$name.ini" # the job as this run took it, for the predictions at the end
     "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json > "$out/$name.plan.json" 2> "$out/$name.plan.err"
     "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json --host-calib examples/h200-host.json \
         > "$out/$name.plan_file.json" 2> /dev/null
@@ -266,26 +267,26 @@ def at15(f):
     return ' '.join(f\"{k} {next((p['value'] for p in c[k] if p['threads'] == 15), float('nan')) / 1e9:.2f}\" for k in
                     ('memcpy_bw', 'adamw_fp32_rate', 'adamw_bf16_rate', 'adamw_8bit_rate'))
 print(at15(sys.argv[2]), '; at the start:', at15(sys.argv[1]))" "$out/calibration.json" "$out/calibration_end.json" 2>&1)"
-    # each run's model and steps as the runs took them: its plan again, from the new calibration
-    cp "$out/issue32.results" "$out/issue32.results.start"
-    : > "$out/issue32.results"
-    while IFS= read -r row; do
-        name=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['name'])" "$row")
-        case $name in
-        q14*) job qwen3-14b 5 ;; q8*|g8*) job qwen3-8b 6 ;; q17*) job qwen3-1.7b 12 ;; *) job qwen3-1.7b 16 ;;
-        esac
-        # shellcheck disable=SC2046 # the run's overrides split into words
-        "$build/slidedp-plan" "$w/job.ini" $bf16g $(python3 -c "import json,sys; print(json.loads(sys.argv[1])['args'])" "$row") \
-            --json > "$out/replan.json" 2> /dev/null
-        python3 -c "import json,sys
-r = json.loads(sys.argv[1])
-try:
-    r['predicted_end'] = json.load(open(sys.argv[2]))['predicted']['step_s']
-except (OSError, ValueError, KeyError):
-    r['predicted_end'] = float('nan')
-print(json.dumps(r))" "$row" "$out/replan.json" >> "$out/issue32.results"
-    done < "$out/issue32.results.start"
-    rm -f "$out/replan.json"
+    # each run's plan again, from the new calibration, for the job as the run took it
+    while IFS=$'\t' read -r name args; do
+        # shellcheck disable=SC2086 # the run's overrides split into words
+        "$build/slidedp-plan" "$w/$name.ini" $bf16g $args --json > "$w/$name.replan.json" 2> /dev/null
+    done < <(python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    if l.startswith('{'):
+        r = json.loads(l)
+        print(r['name'] + '\t' + r['args'])" "$out/issue32.results")
+    python3 - "$out/issue32.results" "$w" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+for r in rows:
+    try:
+        r["predicted_end"] = json.load(open(f"{sys.argv[2]}/{r['name']}.replan.json"))["predicted"]["step_s"]
+    except (OSError, ValueError, KeyError):
+        r["predicted_end"] = float("nan")
+with open(sys.argv[1], "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+PY
 fi
 
 python3 - "$out/issue32.results" <<'PY' | tee -a "$out/summary.log"
