@@ -64,6 +64,7 @@ bench_optim_runs() {
 [ -n "${GRID:-}" ] && bench_optim_runs
 
 : > "$out/issue32.results"
+vmstat_keys='^(pgscan_kswapd|pgscan_direct|pgsteal_kswapd|pgsteal_direct|compact_stall|compact_fail|thp_fault_fallback|pgmajfault|allocstall_normal|kswapd_low_wmark_hit_quickly|kswapd_high_wmark_hit_quickly) '
 # run NAME SECONDS KILL OVERRIDES...: one job (KILL: none, or worker to kill -9 the first worker
 # after step 2), sampled; a line of JSON in issue32.results
 run() {
@@ -76,6 +77,9 @@ run() {
     "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json > "$out/$name.plan.json" 2> "$out/$name.plan.err"
     "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json --host-calib examples/h200-host.json \
         > "$out/$name.plan_file.json" 2> /dev/null
+    # the kernel's reclaim and compaction counters around the run: the 14B job, at 111 of 125 GiB,
+    # updated 15-25% slower than the 8B one, and memory pressure is one suspect
+    grep -E "$vmstat_keys" /proc/vmstat > "$out/${name}_vmstat0.log"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/${name}_gpu.log" 2>&1 &
     local smi=$!
     "$build/slidedp-launch" "$w/job.ini" $bf16g "$@" > "$out/$name.log" 2>&1 &
@@ -109,6 +113,7 @@ run() {
     kill $guard $smi 2>/dev/null
     wait $smi $sampler 2>/dev/null
     cp "$w/log/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
+    grep -E "$vmstat_keys" /proc/vmstat > "$out/${name}_vmstat1.log"
     python3 - "$name" "$rc" "$out" "$killed" "$*" "${WARM_STEPS:-2}" <<'PY' | tee -a "$out/issue32.results"
 import json, sys, statistics as st
 name, rc, out, killed, args, warm = sys.argv[1:]
@@ -161,6 +166,8 @@ if len(steps_seen) >= 2:
     optim_busy = (b[2][busiest] - a[2][busiest]) / n_steps
     optim_update = (b[3][busiest] - a[3][busiest]) / n_steps
 err = [l.strip() for l in lines(f"{out}/{name}.log") if "slidedp-launch:" in l][:1]
+vm = [dict((k, int(v)) for k, v in (l.split() for l in lines(f"{out}/{name}_vmstat{i}.log"))) for i in (0, 1)]
+vmstat = {k: vm[1][k] - vm[0].get(k, 0) for k in vm[1] if vm[1][k] != vm[0].get(k, 0)}
 print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"), "steps": x,
                   "predicted": rows[0]["predicted_step_s"] if rows else float("nan"),
                   "predicted_file": predicted_file, "plan": chosen, "optim_busy": optim_busy,
@@ -169,7 +176,7 @@ print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x els
                   "peak_host": max(host) if host else float("nan"), "peak_gpu_mib": max(gpu) if gpu else float("nan"),
                   "params": params, "planned_host": planned, "plan_fits": fits, "largest_layers": largest,
                   "losses": [r["loss"] for r in rows], "norms": [r["grad_norm"] for r in rows], "killed": killed,
-                  "args": args, "error": err[0] if err else ""}))
+                  "args": args, "vmstat": vmstat, "error": err[0] if err else ""}))
 PY
     grep -E 'restarting|died' "$out/$name.log" | head -3 | sed "s/^/$name: /" | tee -a "$out/summary.log"
     "$build/slidedp-launch" --clean "$w/job.ini" $bf16g "$@" > /dev/null 2>&1
@@ -307,6 +314,8 @@ for r in rows.values():
 for r in rows.values():
     if r["error"]:
         print(f"{r['name']}: {r['error']}")
+    if r.get("vmstat"):
+        print(f"{r['name']}: /proc/vmstat over the run: " + " ".join(f"{k} {v}" for k, v in r["vmstat"].items()))
 for model in ("q8", "q17"):
     a, b = rows.get(f"{model}_8bit"), rows.get(f"{model}_fp32")
     if a and b:
