@@ -29,6 +29,7 @@ w=/tmp/issue32
 rm -rf "$w" && mkdir -p "$w"
 shm_at_least 120 126G
 log "/dev/shm: $(df -h --output=size,avail /dev/shm | tail -1); $(free -g | grep Mem); cores $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+log "cpu: $(lscpu | sed -n 's/^Model name: *//p'); $(grep -o -w -e vaes -e avx512f -e aes /proc/cpuinfo | sort -u | tr '\n' ' ')"
 random_tokens "$w/train.bin" 2000000
 deadline=${DEADLINE:-530}
 left() { local l=$((deadline - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
