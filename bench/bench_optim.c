@@ -179,8 +179,8 @@ int main(int argc, char **argv)
     }
     /* AdamW reads p, m, v, g and writes p, m, v, p16: 30 bytes per parameter; copy moves 8 */
     double adam_gbs = 30.0 * n / best_adam / 1e9, copy_gbs = 8.0 * n / best_copy / 1e9;
-    printf("bench_optim: %zu M params, %d threads, isa %s, %s memory\n", n / 1000000, threads, adamw_isa_name(j.isa),
-           mem_name);
+    printf("bench_optim: %zu M params, %d threads, isa %s (8-bit state: %s), %s memory\n", n / 1000000, threads,
+           adamw_isa_name(j.isa), adamw_isa_name(adamw_isa_8bit(j.isa)), mem_name);
     printf("RESULT optim_params_per_s %.4g\n", n / best_adam);
     printf("RESULT optim_bytes_per_s %.4g\n", adam_gbs * 1e9);
     printf("RESULT copy_bytes_per_s %.4g\n", copy_gbs * 1e9);

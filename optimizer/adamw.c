@@ -809,12 +809,8 @@ __attribute__((target(AVX512_TARGET ",vaes"))) static void adamw8_avx512(const s
         adamw8_avx512_body(c, a, n, false);
 }
 
-void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, struct state8 in,
-                          const float *g, float *p_out, struct state8 out, uint16_t *p16, size_t n)
+enum adamw_isa adamw_isa_8bit(enum adamw_isa isa)
 {
-    struct consts c = consts_of(s);
-    struct io8 a = {.p = p, .g = g, .po = p_out, .p16 = p16, .in = in, .out = out, .round_key = s->round_key,
-                    .round_first = s->round_first};
     /* the rounding bits' AES rounds: VAES for the AVX-512 path, AES-NI for the AVX2 one; without them
      * the next path down computes the same bits */
     __builtin_cpu_init();
@@ -822,7 +818,16 @@ void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const 
         isa = ADAMW_AVX2;
     if (isa == ADAMW_AVX2 && !__builtin_cpu_supports("aes"))
         isa = ADAMW_SCALAR;
-    switch (isa) {
+    return isa;
+}
+
+void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, struct state8 in,
+                          const float *g, float *p_out, struct state8 out, uint16_t *p16, size_t n)
+{
+    struct consts c = consts_of(s);
+    struct io8 a = {.p = p, .g = g, .po = p_out, .p16 = p16, .in = in, .out = out, .round_key = s->round_key,
+                    .round_first = s->round_first};
+    switch (adamw_isa_8bit(isa)) {
     case ADAMW_AVX512:
         adamw8_avx512(&c, &a, n);
         break;

@@ -27,6 +27,9 @@ enum adamw_isa { ADAMW_SCALAR = 0, ADAMW_AVX2 = 1, ADAMW_AVX512 = 2 };
 /* The best implementation this CPU supports (or the one forced by SLIDEDP_ISA=scalar|avx2|avx512). */
 enum adamw_isa adamw_isa_detect(void);
 const char *adamw_isa_name(enum adamw_isa isa);
+/* The path adamw_update_8bit_to runs when asked for isa: the next one down where this CPU lacks
+ * the AES instructions of its rounding bits (VAES for AVX-512, AES-NI for AVX2). */
+enum adamw_isa adamw_isa_8bit(enum adamw_isa isa);
 
 /* Updates p, m, v in place from g (read only) and writes bf16(p) to p16, for n elements. */
 void adamw_update(enum adamw_isa isa, const struct adamw_step *s, float *p, float *m, float *v, const float *g,
@@ -75,7 +78,7 @@ struct state8 {
  * 64 bits s->round_key. s->round_first is a multiple of 4; p and the arrays start at a block's
  * first element; n need not be a multiple of STATE8_BLOCK (the last block is partial). p16 may be
  * NULL: no bf16 copy (the workers stream the master). Bit-identical on every ISA path; the AVX-512
- * one needs VAES and the AVX2 one AES-NI (without them the next path down runs). */
+ * one needs VAES and the AVX2 one AES-NI (without them the next path down runs: adamw_isa_8bit). */
 void adamw_update_8bit_to(enum adamw_isa isa, const struct adamw_step *s, const float *p, struct state8 in,
                           const float *g, float *p_out, struct state8 out, uint16_t *p16, size_t n);
 

@@ -379,8 +379,9 @@ static void test_isa_and_split(void **state)
             if (cut < N)
                 adamw_update_8bit_to((enum adamw_isa)isa, &st, o->p + cut, in_of(o, cut), o->g + cut, o->po + cut,
                                      out_of(o, cut), o->p16 + cut, N - cut);
-            printf("# %s, pieces split at element %zu: 8-bit state bit-identical to the scalar path in one piece\n",
-                   adamw_isa_name((enum adamw_isa)isa), cut);
+            printf("# %s (runs %s), pieces split at element %zu: 8-bit state bit-identical to the scalar path in one "
+                   "piece\n", adamw_isa_name((enum adamw_isa)isa), adamw_isa_name(adamw_isa_8bit((enum adamw_isa)isa)),
+                   cut);
             assert_memory_equal(o->po, whole.po, sizeof whole.po);
             assert_memory_equal(o->p16, whole.p16, sizeof whole.p16);
             assert_memory_equal(o->mo, whole.mo, sizeof whole.mo);
@@ -420,8 +421,8 @@ static void test_without_bf16_copy(void **state)
         memset(without.p16, 0xa5, sizeof without.p16);
         adamw_update_8bit_to((enum adamw_isa)isa, &step8, without.p, in_of(&without, 0), without.g, without.po,
                              out_of(&without, 0), NULL, N);
-        printf("# %s: 8-bit update without the bf16 copy gives the same p and state\n",
-               adamw_isa_name((enum adamw_isa)isa));
+        printf("# %s (runs %s): 8-bit update without the bf16 copy gives the same p and state\n",
+               adamw_isa_name((enum adamw_isa)isa), adamw_isa_name(adamw_isa_8bit((enum adamw_isa)isa)));
         assert_memory_equal(without.po, with.po, sizeof with.po);
         assert_memory_equal(without.mo, with.mo, sizeof with.mo);
         assert_memory_equal(without.vo, with.vo, sizeof with.vo);
