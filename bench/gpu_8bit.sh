@@ -148,7 +148,7 @@ for l in lines(f"{out}/{name}_stat.log"):
     try:
         j = json.loads(j)
         stat.append((float(t), j["step"], [o["busy_s"] for o in j["optimizers"]],
-                     [o["update_s"] for o in j["optimizers"]]))
+                     [o["update_s"] for o in j["optimizers"]], [o["lane_wait_s"] for o in j["optimizers"]]))
     except (ValueError, KeyError, TypeError):
         pass
 # the counters where the job's reported step first reaches each value: from step `warm` on, the
@@ -159,20 +159,21 @@ for x_ in stat:
     if len(x_[2]) == len(stat[-1][2]):
         firsts.setdefault(x_[1], x_)
 steps_seen = sorted(s_ for s_ in firsts if s_ >= int(warm))
-optim_busy = optim_update = float("nan")
+optim_busy = optim_update = optim_lane_wait = float("nan")
 if len(steps_seen) >= 2:
     a, b = firsts[steps_seen[0]], firsts[steps_seen[-1]]
     n_steps = steps_seen[-1] - steps_seen[0]
     busiest = max(range(len(a[2])), key=lambda k: b[2][k] - a[2][k])
     optim_busy = (b[2][busiest] - a[2][busiest]) / n_steps
     optim_update = (b[3][busiest] - a[3][busiest]) / n_steps
+    optim_lane_wait = (b[4][busiest] - a[4][busiest]) / n_steps
 err = [l.strip() for l in lines(f"{out}/{name}.log") if "slidedp-launch:" in l][:1]
 vm = [dict((k, int(v)) for k, v in (l.split() for l in lines(f"{out}/{name}_vmstat{i}.log"))) for i in (0, 1)]
 vmstat = {k: vm[1][k] - vm[0].get(k, 0) for k in vm[1] if vm[1][k] != vm[0].get(k, 0)}
 print(json.dumps({"name": name, "rc": int(rc), "measured": st.median(x) if x else float("nan"), "steps": x,
                   "predicted": rows[0]["predicted_step_s"] if rows else float("nan"),
                   "predicted_file": predicted_file, "plan": chosen, "optim_busy": optim_busy,
-                  "optim_update": optim_update,
+                  "optim_update": optim_update, "optim_lane_wait": optim_lane_wait,
                   "predicted_optim": predicted_optim,
                   "peak_host": max(host) if host else float("nan"), "peak_gpu_mib": max(gpu) if gpu else float("nan"),
                   "params": params, "planned_host": planned, "plan_fits": fits, "largest_layers": largest,
@@ -326,7 +327,8 @@ for model in ("q8", "q17"):
     for r in (rows.get(f"{model}_{mode}") for mode in ("8bit", "bf16", "fp32")):
         if r:
             print(f"  {r['name']}: busiest optimizer {r.get('optim_busy', float('nan')):.3f} s a step, updating "
-                  f"{r.get('optim_update', float('nan')):.3f}; predicted {r.get('predicted_optim', float('nan')):.3f}")
+                  f"{r.get('optim_update', float('nan')):.3f}, its threads waiting for the slowest "
+                  f"{r.get('optim_lane_wait', float('nan')):.3f}; predicted {r.get('predicted_optim', float('nan')):.3f}")
 a, b = rows.get("q14_8bit"), rows.get("q14_8bit_kill")
 if a and b:
     same = a["losses"] == b["losses"] and a["norms"] == b["norms"] and len(a["losses"]) == len(b["losses"]) > 0
@@ -364,6 +366,7 @@ for g, rs in sorted(groups.items()):
         print(f"  {r['name']:28} {r['measured']:.3f} s ({r['runs']} run(s), {len(r['steps'])} steps)  predicted "
               f"{r['predicted']:.3f} ({e:+.1f}%){'  <-- over 15%' if abs(e) > 15 else ''}  "
               f"h200-host.json {r['predicted_file']:.3f} ({f:+.1f}%)  busiest optimizer "
-              f"{r.get('optim_busy', float('nan')):.3f} s a step (updating {r.get('optim_update', float('nan')):.3f}), "
+              f"{r.get('optim_busy', float('nan')):.3f} s a step (updating {r.get('optim_update', float('nan')):.3f}, "
+              f"lanes waiting {r.get('optim_lane_wait', float('nan')):.3f}), "
               f"predicted {r.get('predicted_optim', float('nan')):.3f}")
 PY

@@ -272,7 +272,9 @@ static void read_proc(const struct proc_slot *p, struct mon_proc *out)
     out->heartbeat_ns = atomic_load_explicit(&p->heartbeat_ns, memory_order_relaxed);
     out->bytes_in = atomic_load_explicit(&p->bytes_in, memory_order_relaxed);
     out->bytes_out = atomic_load_explicit(&p->bytes_out, memory_order_relaxed);
-    out->update_ns = atomic_load_explicit(&p->update_ns, memory_order_acquire); /* before busy_ns (optim.c) */
+    /* the parts of busy_ns before it (optimizer/optim.c add_busy) */
+    out->update_ns = atomic_load_explicit(&p->update_ns, memory_order_acquire);
+    out->lane_wait_ns = atomic_load_explicit(&p->lane_wait_ns, memory_order_acquire);
     out->busy_ns = atomic_load_explicit(&p->busy_ns, memory_order_relaxed);
     out->wait_ns = atomic_load_explicit(&p->wait_ns, memory_order_relaxed);
     out->items = atomic_load_explicit(&p->items, memory_order_relaxed);

@@ -76,7 +76,7 @@ struct mon_proc {
     int32_t pid;
     uint32_t phase, step, restarts;
     int32_t chunk;
-    uint64_t heartbeat_ns, bytes_in, bytes_out, busy_ns, wait_ns, update_ns, items;
+    uint64_t heartbeat_ns, bytes_in, bytes_out, busy_ns, wait_ns, update_ns, lane_wait_ns, items;
     char device[64];
     double peak_flops;
     bool stalled; /* no heartbeat for ctl_stall_ns (half the watchdog's bound) while not done */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum field { F_STEP, F_CHUNK, F_IN, F_OUT, F_BUSY, F_UPDATE, F_WAIT, F_ITEMS, F_RESTARTS, F_HEARTBEAT_AGE };
+enum field { F_STEP, F_CHUNK, F_IN, F_OUT, F_BUSY, F_UPDATE, F_LANE_WAIT, F_WAIT, F_ITEMS, F_RESTARTS, F_HEARTBEAT_AGE };
 
 struct proc_metric {
     const char *prom; /* after slidedp_<kind>_ */
@@ -37,6 +37,8 @@ static const struct proc_metric optim_metrics[] = {
     {"published_bytes_total", "counter", "published_bytes", F_OUT, "bf16 parameter bytes written after updates."},
     {"busy_seconds_total", "counter", "busy_s", F_BUSY, "Seconds spent reducing gradients and updating chunks."},
     {"update_seconds_total", "counter", "update_s", F_UPDATE, "Seconds of busy_s spent updating chunks."},
+    {"lane_wait_seconds_total", "counter", "lane_wait_s", F_LANE_WAIT,
+     "Seconds of busy_s the threads idled waiting for the slowest one, averaged over the threads."},
     {"wait_seconds_total", "counter", "wait_s", F_WAIT, "Seconds spent waiting for gradients."},
     {"chunk_updates_total", "counter", "chunk_updates", F_ITEMS, "Chunk updates applied."},
     {"restarts_total", "counter", "restarts", F_RESTARTS, "Times the launcher restarted this process."},
@@ -62,6 +64,8 @@ static double proc_value(const struct mon_proc *p, enum field field, uint64_t no
         return (double)p->busy_ns / 1e9;
     case F_UPDATE:
         return (double)p->update_ns / 1e9;
+    case F_LANE_WAIT:
+        return (double)p->lane_wait_ns / 1e9;
     case F_WAIT:
         return (double)p->wait_ns / 1e9;
     case F_ITEMS:

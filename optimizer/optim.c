@@ -76,6 +76,8 @@ struct optim {
     pthread_t tids[CTL_MAX_OPTIM_THREADS];
     pthread_barrier_t start, done;
     lane_fn job;
+    uint64_t lane_end_ns[CTL_MAX_OPTIM_THREADS]; /* when each lane finished the last job */
+    uint64_t lane_wait_ns;                       /* run_lanes' since the last add_busy */
 
     /* the operation the lanes share */
     int op_chunk;
@@ -123,12 +125,15 @@ static void *lane_main(void *arg)
     for (;;) {
         pthread_barrier_wait(&o->start);
         o->job(o, t);
+        o->lane_end_ns[t] = clock_ns();
         pthread_barrier_wait(&o->done);
     }
     return NULL;
 }
 
-/* Runs fn on every lane (this thread is lane 0) and returns when all are done. */
+/* Runs fn on every lane (this thread is lane 0) and returns when all are done. Counts the time the
+ * lanes idled waiting for the slowest one, averaged over the lanes (lane_wait_ns, published with
+ * the busy time it is part of by add_busy). */
 static void run_lanes(struct optim *o, lane_fn fn)
 {
     if (o->threads == 1) {
@@ -138,7 +143,26 @@ static void run_lanes(struct optim *o, lane_fn fn)
     o->job = fn;
     pthread_barrier_wait(&o->start);
     fn(o, 0);
-    pthread_barrier_wait(&o->done);
+    o->lane_end_ns[0] = clock_ns();
+    pthread_barrier_wait(&o->done); /* orders the lanes' lane_end_ns before the reads below */
+    uint64_t last = 0, idle = 0;
+    for (int t = 0; t < o->threads; t++)
+        last = o->lane_end_ns[t] > last ? o->lane_end_ns[t] : last;
+    for (int t = 0; t < o->threads; t++)
+        idle += last - o->lane_end_ns[t];
+    o->lane_wait_ns += idle / (uint64_t)o->threads;
+}
+
+/* Busy time for monitors, with its updating part and the lanes' waits in it: busy first, and the
+ * parts released after it, so that a monitor that reads them (acquire) and then busy_ns never sees
+ * more of a part than busy time (monitor/monitor.c read_proc). */
+static void add_busy(struct optim *o, uint64_t spent, bool updating)
+{
+    atomic_fetch_add_explicit(&o->slot->busy_ns, spent, memory_order_relaxed);
+    if (updating)
+        atomic_fetch_add_explicit(&o->slot->update_ns, spent, memory_order_release);
+    atomic_fetch_add_explicit(&o->slot->lane_wait_ns, o->lane_wait_ns, memory_order_release);
+    o->lane_wait_ns = 0;
 }
 
 /* The blocks [begin, end) of n a lane owns: a fixed split, so a restart resumes the same ranges. */
@@ -331,7 +355,7 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     } else {
         atomic_store_explicit(&cs->next_micro, micro_key(d->step, d->micro + 1), memory_order_release);
     }
-    atomic_fetch_add_explicit(&o->slot->busy_ns, clock_ns() - t0, memory_order_relaxed);
+    add_busy(o, clock_ns() - t0, false);
     if (last) {
         atomic_fetch_add_explicit(&h->reduce_seq, 1, memory_order_release);
         futex_wake_all(&h->reduce_seq);
@@ -432,11 +456,7 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
     }
     atomic_fetch_add_explicit(&o->slot->bytes_out, (uint64_t)ch->numel * 2, memory_order_relaxed);
     atomic_fetch_add_explicit(&o->slot->items, 1, memory_order_relaxed);
-    /* busy first, and the update's share released after it: a monitor that reads update_ns (acquire)
-     * and then busy_ns never sees more updating than busy time */
-    uint64_t spent = clock_ns() - t0;
-    atomic_fetch_add_explicit(&o->slot->busy_ns, spent, memory_order_relaxed);
-    atomic_fetch_add_explicit(&o->slot->update_ns, spent, memory_order_release);
+    add_busy(o, clock_ns() - t0, true);
 }
 
 /* The lowest-numbered owned chunk whose update is pending, or -1. */

@@ -21,8 +21,8 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 10 /* 8: document attention (job attention fields, step documents, stats targets/documents); 9: run_id;
-                          * 10: the topology's GPU memory */
+#define CTL_VERSION 11 /* 8: document attention (job attention fields, step documents, stats targets/documents); 9: run_id;
+                          * 10: the topology's GPU memory; 11: optimizers' lane_wait_ns */
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
@@ -82,6 +82,8 @@ struct proc_slot {
     _Atomic uint64_t busy_ns;
     _Atomic uint64_t wait_ns;
     _Atomic uint64_t update_ns;  /* optimizers: the part of busy_ns spent updating chunks */
+    _Atomic uint64_t lane_wait_ns; /* optimizers: of busy_ns, the time the lanes of a reduction or an
+                                    * update idled waiting for the slowest, averaged over the lanes */
     _Atomic uint64_t items;      /* micro-steps (workers), chunk updates (optimizers) */
     _Atomic uint64_t bytes_peer; /* bytes read from other workers' device memory (exchange routes) */
     /* set once at start-up by the process */

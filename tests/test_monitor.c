@@ -51,7 +51,8 @@ static void write_job(const char *tag, char *ini, size_t len)
              "[train]\nmicro_batch = 8\ngrad_accum = 2\nsteps = %d\nlr = 3e-3\nwarmup = 10\nweight_decay = 0.01\n"
              "grad_clip = 1.0\nseed = 1234\n"
              "[checkpoint]\ndir = %s-ckpt\nexport_dtype = fp32\n"
-             "[runtime]\ndevice = cpu\ngpus = 2\n"
+             /* two lanes an optimizer, so that their waits for each other are counted */
+             "[runtime]\ndevice = cpu\ngpus = 2\noptim_threads = 2\n"
              "[log]\ndir = %s-log\nevery = 25\n",
              tu_src("examples/tiny-qwen3"), STEPS, tag, tag);
     snprintf(ini, len, "%s/%s.ini", dir, tag);
@@ -163,6 +164,12 @@ static void check_procs(const struct mon_proc *a, const struct mon_proc *b, int 
     check_counter(a->bytes_out, b->bytes_out, "bytes_out", i);
     check_counter(a->busy_ns, b->busy_ns, "busy_ns", i);
     check_counter(a->wait_ns, b->wait_ns, "wait_ns", i);
+    check_counter(a->update_ns, b->update_ns, "update_ns", i);
+    check_counter(a->lane_wait_ns, b->lane_wait_ns, "lane_wait_ns", i);
+    if (b->update_ns > b->busy_ns || b->lane_wait_ns > b->busy_ns)
+        fail_msg("process %d: a part of busy_ns exceeds it (update %llu, lane waits %llu, busy %llu)", i,
+                 (unsigned long long)b->update_ns, (unsigned long long)b->lane_wait_ns,
+                 (unsigned long long)b->busy_ns);
     check_counter(a->items, b->items, "items", i);
     check_counter(a->step, b->step, "step", i);
 }
@@ -494,8 +501,14 @@ static void check_stat_json(const char *job, const struct ctl_header *h)
     assert_true(cJSON_GetObjectItem(optim0, "chunk_updates")->valuedouble > 0);
     /* updating is part of the busy time: both counted from the same update's clock */
     double update_s = cJSON_GetObjectItem(optim0, "update_s")->valuedouble;
-    assert_true(update_s > 0 && update_s <= cJSON_GetObjectItem(optim0, "busy_s")->valuedouble);
-    printf("# slidedp-stat --json: step %d loss %.4f, %d optimizer(s)\n", step, loss, h->optim_procs);
+    double busy_s = cJSON_GetObjectItem(optim0, "busy_s")->valuedouble;
+    assert_true(update_s > 0 && update_s <= busy_s);
+    /* so are the lanes' waits for the slowest */
+    assert_int_equal(h->plan.optim_threads, 2);
+    double lane_wait_s = cJSON_GetObjectItem(optim0, "lane_wait_s")->valuedouble;
+    assert_true(lane_wait_s >= 0 && lane_wait_s <= busy_s);
+    printf("# slidedp-stat --json: step %d loss %.4f, %d optimizer(s) of %d thread(s), lane waits %.6f of busy %.6f s\n",
+           step, loss, h->optim_procs, h->plan.optim_threads, lane_wait_s, busy_s);
     cJSON_Delete(o);
     free(out);
 }
