@@ -20,7 +20,9 @@
 # source x optimizer processes and threads the engine accepts; the summary gives, per group, the
 # fastest measured plan and how far auto is from it (goal: within 5%), and every plan's prediction
 # from this host's calibration and from examples/h200-host.json against its step (goal: within 15%).
-# GRID_CLIP=nc or GRID_CLIP=c runs one half of a grid (without or with clipping). A group's named
+# GRID_CLIP=nc or GRID_CLIP=c runs one half of a grid (without or with clipping). GRID_REPEAT=N runs
+# every plan of a group N times, every other pass in reverse order, and pools each plan's steps (with
+# GRID_ROUNDS=0 the reruns of auto and the fastest are left out). A group's named
 # plan that auto chose is not run again (auto's run measures it). The 1.7B grid (11 runs of about
 # 22 s, 4 more with GRID_ROUNDS=1) fits one call with the calibrations; the 8B one (4 runs of about
 # 70 s with GRID_ROUNDS=0, 4 more with 1) fits one call without its reruns, or a call for each half.
@@ -217,6 +219,10 @@ grid() { # TAG STEPS SECONDS
 rs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]
 print(next((r['plan'] for r in reversed(rs) if r['name'] == sys.argv[2] and r['rc'] == 0 and r['steps']), ''))" \
             "$out/issue32.results" "g${tag}_${clip}_auto")
+        # the group's named plans ("NAME OVERRIDES..."), run GRID_REPEAT times in all (default 1), every
+        # other pass in reverse order, auto's run included (NAME_p2, ...): pooled, their steps show
+        # what a plan costs on a host whose runs of one plan differ by 17-22% (stop 45's H200)
+        local named=()
         for src in master bf16_copy; do
             [ "$tag" = 8 ] && [ $src = bf16_copy ] && continue
             for mode in after_backward during_backward; do
@@ -226,21 +232,32 @@ print(next((r['plan'] for r in reversed(rs) if r['name'] == sys.argv[2] and r['r
                         log "g${tag}_${clip}_${src%%_*}_${mode%%_*}_$kt: auto's plan, measured by g${tag}_${clip}_auto"
                         continue
                     fi
-                    run g${tag}_${clip}_${src%%_*}_${mode%%_*}_$kt "$secs" none $ca runtime.weights_source=$src \
-                        runtime.update_mode=$mode runtime.optim_procs=${kt%x*} runtime.optim_threads=${kt#*x}
+                    named+=("g${tag}_${clip}_${src%%_*}_${mode%%_*}_$kt $ca runtime.weights_source=$src \
+runtime.update_mode=$mode runtime.optim_procs=${kt%x*} runtime.optim_threads=${kt#*x}")
                 done
             done
+        done
+        local pass i
+        for pass in $(seq 1 "${GRID_REPEAT:-1}"); do
+            local suffix=$([ "$pass" -gt 1 ] && echo "_p$pass")
+            [ "$pass" -gt 1 ] && [ $((pass % 2)) = 1 ] && run g${tag}_${clip}_auto$suffix "$secs" none $ca
+            for i in $(if [ $((pass % 2)) = 1 ]; then seq 0 $((${#named[@]} - 1)); else seq $((${#named[@]} - 1)) -1 0; fi); do
+                local plan=${named[$i]}
+                # shellcheck disable=SC2086 # the overrides split into words
+                run ${plan%% *}$suffix "$secs" none ${plan#* }
+            done
+            [ $((pass % 2)) = 0 ] && run g${tag}_${clip}_auto$suffix "$secs" none $ca
         done
         # the group's fastest plan but auto's own (its name and overrides as the run took them)
         local best
         best=$(python3 - "$out/issue32.results" "g${tag}_${clip}_" <<'PY'
-import json, sys
+import json, re, sys
 rs = [r for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))
       if r["name"].startswith(sys.argv[2]) and r["rc"] == 0 and r["measured"] == r["measured"]]
 auto = [r["plan"] for r in rs if r["name"].endswith("_auto")]
 rs = [r for r in rs if r["plan"] not in auto]
 best = min(rs, key=lambda r: r["measured"]) if rs else None
-print(f"{best['name']} {best['args']}" if best else "")
+print(f"{re.sub(r'_[rp][0-9]+$', '', best['name'])} {best['args']}" if best else "")
 PY
 )
         for round in $(seq 2 $((1 + ${GRID_ROUNDS:-1}))); do
@@ -349,14 +366,18 @@ for r in rows.values():
     if r["name"].startswith("g") and r["rc"] == 0 and r.get("steps"):
         group = "_".join(r["name"].split("_")[:2])
         p = plans.setdefault((group, r["plan"]), dict(r, name="", steps=[], runs=0))
-        base = re.sub(r"_r[0-9]+$", "", r["name"])
+        base = re.sub(r"_[rp][0-9]+$", "", r["name"])
         if base.endswith("_auto") or not p["name"]:
             p["name"] = base
         p["steps"] += r["steps"]
         p["runs"] += 1
+        for k in ("optim_busy", "optim_update", "optim_lane_wait"):
+            p.setdefault(k + "_runs", []).append(r.get(k, float("nan")))
 groups = {}
 for (group, _), p in plans.items():
     p["measured"] = statistics.median(p["steps"])
+    for k in ("optim_busy", "optim_update", "optim_lane_wait"): # the runs' mean
+        p[k] = statistics.fmean(p[k + "_runs"])
     groups.setdefault(group, []).append(p)
 for g, rs in sorted(groups.items()):
     best = min(rs, key=lambda r: r["measured"])
