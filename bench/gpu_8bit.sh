@@ -81,8 +81,8 @@ run() {
     "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json > "$out/$name.plan.json" 2> "$out/$name.plan.err"
     "$build/slidedp-plan" "$w/job.ini" $bf16g "$@" --json --host-calib examples/h200-host.json \
         > "$out/$name.plan_file.json" 2> /dev/null
-    # the kernel's reclaim and compaction counters around the run: the 14B job, at 111 of 125 GiB,
-    # updated 15-25% slower than the 8B one, and memory pressure is one suspect
+    # the kernel's reclaim and compaction counters around the run: stop 44's 14B job, at 111 of 125
+    # GiB, updated 15-25% slower than the 8B one; on stop 45's host it did not, and none moved
     grep -E "$vmstat_keys" /proc/vmstat > "$out/${name}_vmstat0.log"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/${name}_gpu.log" 2>&1 &
     local smi=$!
