@@ -78,6 +78,10 @@ struct optim {
     lane_fn job;
     uint64_t lane_end_ns[CTL_MAX_OPTIM_THREADS]; /* when each lane finished the last job */
     uint64_t lane_wait_ns;                       /* run_lanes' since the last add_busy */
+    /* the operation's blocks cut into segments (cut_segments), and the next one a lane claims */
+    uint32_t num_segments;
+    uint32_t segment_bounds[CTL_MAX_SEGMENTS + 1];
+    _Atomic uint32_t next_segment;
 
     /* the operation the lanes share */
     int op_chunk;
@@ -87,10 +91,10 @@ struct optim {
     uint32_t *num_items;
     double *block_sumsq;        /* per reduction block of the chunk */
     /* The last micro-batch of a whole-chunk reduction squares each block as it is written (one
-     * pass less over the accumulator); lane t did so from block fused_from[t] on (earlier ones
+     * pass less over the accumulator); segment k's were from block fused_from[k] on (earlier ones
      * were written by a predecessor that crashed, and are squared from the accumulator). */
     bool fuse_sumsq;
-    uint32_t fused_from[CTL_MAX_OPTIM_THREADS];
+    uint32_t fused_from[CTL_MAX_SEGMENTS];
     /* Gradients straight in the accumulator, updated during the backward, no clipping: the norm
      * (only reported) is squared by the update as it reads each block, per update item, and
      * recorded with the chunk's new version; the reduction does nothing. */
@@ -131,11 +135,12 @@ static void *lane_main(void *arg)
     return NULL;
 }
 
-/* Runs fn on every lane (this thread is lane 0) and returns when all are done. Counts the time the
- * lanes idled waiting for the slowest one, averaged over the lanes (lane_wait_ns, published with
- * the busy time it is part of by add_busy). */
+/* Runs fn on every lane (this thread is lane 0) and returns when all are done; the lanes claim the
+ * segments of o's cut (claim_segment). Counts the time the lanes idled waiting for the slowest one,
+ * averaged over the lanes (lane_wait_ns, published with the busy time it is part of by add_busy). */
 static void run_lanes(struct optim *o, lane_fn fn)
 {
+    atomic_store_explicit(&o->next_segment, 0, memory_order_relaxed); /* the start barrier orders it */
     if (o->threads == 1) {
         fn(o, 0);
         return;
@@ -165,10 +170,32 @@ static void add_busy(struct optim *o, uint64_t spent, bool updating)
     o->lane_wait_ns = 0;
 }
 
-/* The blocks [begin, end) of n a lane owns: a fixed split, so a restart resumes the same ranges. */
-static uint32_t lane_begin(uint32_t n, int threads, int t)
+/* Cuts an operation's n blocks into segments for the lanes to claim one at a time, largest first:
+ * each is the blocks left divided by the lanes (at least SEGMENT_MIN_BLOCKS), so whichever lanes run
+ * slow (a shared core, a preempted thread), the others take what is left and all finish within a
+ * small segment of each other. The cut depends only on n and the lanes, so a restarted optimizer
+ * resumes the same segments, and no block's arithmetic depends on the lane that runs it. */
+#define SEGMENT_MIN_BLOCKS 4
+static void cut_segments(struct optim *o, uint32_t n)
 {
-    return (uint32_t)((uint64_t)n * (uint64_t)t / (uint64_t)threads);
+    uint32_t b = 0, k = 0;
+    while (b < n) {
+        uint32_t size = (n - b) / (uint32_t)o->threads;
+        if (size < SEGMENT_MIN_BLOCKS)
+            size = SEGMENT_MIN_BLOCKS;
+        if (size > n - b || k == CTL_MAX_SEGMENTS - 1)
+            size = n - b;
+        o->segment_bounds[k++] = b;
+        b += size;
+    }
+    o->segment_bounds[k] = n;
+    o->num_segments = k;
+}
+
+/* The next segment of the operation for a lane, or num_segments (or more) when none is left. */
+static uint32_t claim_segment(struct optim *o)
+{
+    return atomic_fetch_add_explicit(&o->next_segment, 1, memory_order_relaxed);
 }
 
 /* Journal blocks of n elements (a chunk, or the rank's shard a descriptor's slot holds). */
@@ -198,12 +225,13 @@ static void journal_apply(struct optim *o, struct lane *l)
 }
 
 static void journal_commit(struct optim *o, struct lane *l, int kind, uint32_t chunk, uint32_t step, uint32_t micro,
-                           uint32_t block, size_t off, size_t n)
+                           uint32_t segment, uint32_t block, size_t off, size_t n)
 {
     struct journal *j = l->journal;
     j->chunk = chunk;
     j->step = step;
     j->micro = micro;
+    j->segment = segment;
     j->block = block;
     j->offset = off;
     j->n = n;
@@ -263,7 +291,7 @@ static void drop_summed_elsewhere(struct optim *o)
     }
 }
 
-/* Lane t adds its blocks of the descriptor's gradient to the accumulator. */
+/* Lane t adds the blocks of the descriptor's gradient it claims to the accumulator. */
 static void reduce_lane(struct optim *o, int t)
 {
     const struct chunk_desc_msg *d = o->op_desc;
@@ -274,20 +302,21 @@ static void reduce_lane(struct optim *o, int t)
     /* a shard of a GPU-side sum is the only contribution to its elements */
     bool first = d->micro == 0 || o->shard_grads;
     size_t base = (size_t)ch->offset + (size_t)d->elem_begin, count = (size_t)d->elem_count;
-    uint32_t nb = blocks_of(d->elem_count), end = lane_begin(nb, o->threads, t + 1);
-    uint32_t b = atomic_load_explicit(&cs->red_done[t], memory_order_acquire);
-    o->fused_from[t] = b;
-    for (; b < end; b++) {
-        size_t i = (size_t)b * JOURNAL_BLOCK, n = count - i < JOURNAL_BLOCK ? count - i : JOURNAL_BLOCK;
-        if (first)
-            memcpy(l->stage_p, src + i, n * sizeof(float));
-        else
-            grad_add_to(l->stage_p, o->shm.grad_acc + base + i, src + i, n);
-        if (o->fuse_sumsq)
-            o->block_sumsq[b] = sumsq_f32(o->isa, l->stage_p, n);
-        journal_commit(o, l, JOURNAL_REDUCE, d->chunk, d->step, d->micro, b, base + i, n);
-        atomic_store_explicit(&cs->red_done[t], b + 1, memory_order_release);
-        journal_clear(l);
+    for (uint32_t k; (k = claim_segment(o)) < o->num_segments;) {
+        uint32_t b = atomic_load_explicit(&cs->red_done[k], memory_order_acquire);
+        o->fused_from[k] = b;
+        for (; b < o->segment_bounds[k + 1]; b++) {
+            size_t i = (size_t)b * JOURNAL_BLOCK, n = count - i < JOURNAL_BLOCK ? count - i : JOURNAL_BLOCK;
+            if (first)
+                memcpy(l->stage_p, src + i, n * sizeof(float));
+            else
+                grad_add_to(l->stage_p, o->shm.grad_acc + base + i, src + i, n);
+            if (o->fuse_sumsq)
+                o->block_sumsq[b] = sumsq_f32(o->isa, l->stage_p, n);
+            journal_commit(o, l, JOURNAL_REDUCE, d->chunk, d->step, d->micro, k, b, base + i, n);
+            atomic_store_explicit(&cs->red_done[k], b + 1, memory_order_release);
+            journal_clear(l);
+        }
     }
 }
 
@@ -302,17 +331,19 @@ static const float *grad_block(struct optim *o, struct lane *l, size_t off, size
     return l->grad32;
 }
 
-/* Lane t's blocks' squared norms, kept per block so the sum's order does not depend on lanes
- * (with fuse_sumsq only those the reduction did not square). */
+/* The squared norms of the blocks of the segments lane t claims, kept per block so the sum's order
+ * does not depend on lanes (with fuse_sumsq only those the reduction did not square: it ran on the
+ * same cut, the whole chunk's). */
 static void sumsq_lane(struct optim *o, int t)
 {
     const struct chunk_desc *ch = &ctl_chunks(o->ctl)[o->op_chunk];
-    uint32_t nb = blocks_of((uint64_t)ch->numel);
-    uint32_t end = o->fuse_sumsq ? o->fused_from[t] : lane_begin(nb, o->threads, t + 1);
-    for (uint32_t b = lane_begin(nb, o->threads, t); b < end; b++) {
-        size_t i = (size_t)b * JOURNAL_BLOCK;
-        size_t n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i : JOURNAL_BLOCK;
-        o->block_sumsq[b] = sumsq_f32(o->isa, grad_block(o, &o->lanes[t], (size_t)ch->offset + i, n), n);
+    for (uint32_t k; (k = claim_segment(o)) < o->num_segments;) {
+        uint32_t end = o->fuse_sumsq ? o->fused_from[k] : o->segment_bounds[k + 1];
+        for (uint32_t b = o->segment_bounds[k]; b < end; b++) {
+            size_t i = (size_t)b * JOURNAL_BLOCK;
+            size_t n = (size_t)ch->numel - i < JOURNAL_BLOCK ? (size_t)ch->numel - i : JOURNAL_BLOCK;
+            o->block_sumsq[b] = sumsq_f32(o->isa, grad_block(o, &o->lanes[t], (size_t)ch->offset + i, n), n);
+        }
     }
 }
 
@@ -326,11 +357,11 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     uint64_t t0 = clock_ns();
     set_phase_chunk(o, PHASE_REDUCE, (int)d->chunk);
     uint64_t key = micro_key(d->step, d->micro);
+    cut_segments(o, blocks_of(d->elem_count));
     if (atomic_load_explicit(&cs->red_key, memory_order_acquire) != key) {
         /* progress first: a crash between these stores leaves a stale key and fresh progress */
-        for (int t = 0; t < o->threads; t++)
-            atomic_store_explicit(&cs->red_done[t], lane_begin(blocks_of(d->elem_count), o->threads, t),
-                                  memory_order_release);
+        for (uint32_t k = 0; k < o->num_segments; k++)
+            atomic_store_explicit(&cs->red_done[k], o->segment_bounds[k], memory_order_release);
         atomic_store_explicit(&cs->red_key, key, memory_order_release);
     }
     bool last = d->micro + 1 == o->total_micro;
@@ -343,6 +374,7 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
     fault_point("optim_reduced");
     if (last && !o->norm_in_update) {
         o->op_chunk = (int)d->chunk;
+        cut_segments(o, blocks_of((uint64_t)ch->numel)); /* the reduction's cut when fused */
         run_lanes(o, sumsq_lane);
         double total = 0;
         for (uint32_t b = 0; b < blocks_of((uint64_t)ch->numel); b++)
@@ -365,48 +397,53 @@ static bool reduce_one(struct optim *o, const struct chunk_desc_msg *d)
 
 /* ---- update ---- */
 
-/* Lane t applies AdamW to its blocks of the chunk. */
-static void update_lane(struct optim *o, int t)
+/* AdamW on update item b (of segment k) of the operation's chunk: staged, journaled, put in place. */
+static void update_one(struct optim *o, struct lane *l, uint32_t k, uint32_t b)
 {
     int c = o->op_chunk;
-    struct chunk_state *cs = ctl_chunk_state(o->ctl, c);
-    struct lane *l = &o->lanes[t];
+    const struct update_item *it = &o->items[c][b];
+    size_t off = it->offset, n = it->n;
     struct adamw_step st = o->op_step;
-    float wd = st.weight_decay;
-    uint32_t ni = o->num_items[c], end = lane_begin(ni, o->threads, t + 1);
-    uint32_t b = atomic_load_explicit(&cs->upd_done[t], memory_order_acquire);
-    /* items a crashed predecessor updated: their gradient is still in the accumulator */
-    for (uint32_t i = lane_begin(ni, o->threads, t); o->norm_in_update && i < b; i++) {
-        const struct update_item *it = &o->items[c][i];
-        o->item_sumsq[i] = sumsq_f32(o->isa, grad_block(o, l, it->offset, it->n), it->n);
+    st.weight_decay = it->decay ? st.weight_decay : 0.0f;
+    const float *g = grad_block(o, l, off, n);
+    if (o->norm_in_update) /* the block is in cache for the update that follows */
+        o->item_sumsq[b] = sumsq_f32(o->isa, g, n);
+    st.round_key = adamw_round_key(o->ctl->job.seed, (uint32_t)st.step, it->tensor);
+    st.round_first = it->tensor_elem;
+    if (o->state == OPTIM_STATE_8BIT) {
+        size_t sb = off / STATE8_BLOCK;
+        struct state8 in = {o->shm.exp_avg8 + off, o->shm.exp_avg_sq8 + off, o->shm.exp_avg_scale + sb,
+                            o->shm.exp_avg_sq_scale + sb};
+        struct state8 out = {l->stage_m, l->stage_v, l->stage_m_scale, l->stage_v_scale};
+        /* no bf16 copy to compute when the workers stream the master (journal_apply writes none) */
+        adamw_update_8bit_to(o->isa, &st, o->shm.master + off, in, g, l->stage_p, out,
+                             o->shm.params16 ? l->stage_p16 : NULL, n);
+    } else if (o->state == OPTIM_STATE_BF16) {
+        adamw_update_bf16_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg16 + off, o->shm.exp_avg_sq16 + off, g,
+                             l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
+    } else {
+        adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off, g,
+                        l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
     }
-    for (; b < end; b++) {
-        const struct update_item *it = &o->items[c][b];
-        size_t off = it->offset, n = it->n;
-        st.weight_decay = it->decay ? wd : 0.0f;
-        const float *g = grad_block(o, l, off, n);
-        if (o->norm_in_update) /* the block is in cache for the update that follows */
-            o->item_sumsq[b] = sumsq_f32(o->isa, g, n);
-        st.round_key = adamw_round_key(o->ctl->job.seed, (uint32_t)st.step, it->tensor);
-        st.round_first = it->tensor_elem;
-        if (o->state == OPTIM_STATE_8BIT) {
-            size_t sb = off / STATE8_BLOCK;
-            struct state8 in = {o->shm.exp_avg8 + off, o->shm.exp_avg_sq8 + off, o->shm.exp_avg_scale + sb,
-                                o->shm.exp_avg_sq_scale + sb};
-            struct state8 out = {l->stage_m, l->stage_v, l->stage_m_scale, l->stage_v_scale};
-            /* no bf16 copy to compute when the workers stream the master (journal_apply writes none) */
-            adamw_update_8bit_to(o->isa, &st, o->shm.master + off, in, g, l->stage_p, out,
-                                 o->shm.params16 ? l->stage_p16 : NULL, n);
-        } else if (o->state == OPTIM_STATE_BF16) {
-            adamw_update_bf16_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg16 + off, o->shm.exp_avg_sq16 + off,
-                                 g, l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
-        } else {
-            adamw_update_to(o->isa, &st, o->shm.master + off, o->shm.exp_avg + off, o->shm.exp_avg_sq + off, g,
-                            l->stage_p, l->stage_m, l->stage_v, l->stage_p16, n);
+    journal_commit(o, l, JOURNAL_UPDATE, (uint32_t)c, (uint32_t)st.step, 0, k, b, off, n);
+    atomic_store_explicit(&ctl_chunk_state(o->ctl, c)->upd_done[k], b + 1, memory_order_release);
+    journal_clear(l);
+}
+
+/* Lane t applies AdamW to the segments of the chunk's update items it claims. */
+static void update_lane(struct optim *o, int t)
+{
+    struct chunk_state *cs = ctl_chunk_state(o->ctl, o->op_chunk);
+    struct lane *l = &o->lanes[t];
+    for (uint32_t k; (k = claim_segment(o)) < o->num_segments;) {
+        uint32_t b = atomic_load_explicit(&cs->upd_done[k], memory_order_acquire);
+        /* items a crashed predecessor updated: their gradient is still in the accumulator */
+        for (uint32_t i = o->segment_bounds[k]; o->norm_in_update && i < b; i++) {
+            const struct update_item *it = &o->items[o->op_chunk][i];
+            o->item_sumsq[i] = sumsq_f32(o->isa, grad_block(o, l, it->offset, it->n), it->n);
         }
-        journal_commit(o, l, JOURNAL_UPDATE, (uint32_t)c, (uint32_t)st.step, 0, b, off, n);
-        atomic_store_explicit(&cs->upd_done[t], b + 1, memory_order_release);
-        journal_clear(l);
+        for (; b < o->segment_bounds[k + 1]; b++)
+            update_one(o, l, k, b);
     }
 }
 
@@ -421,10 +458,10 @@ static void update_chunk(struct optim *o, int c, uint32_t s, float clip_coef)
         return;
     uint64_t t0 = clock_ns();
     set_phase_chunk(o, PHASE_UPDATE, c);
+    cut_segments(o, o->num_items[c]);
     if (atomic_load_explicit(&cs->upd_step, memory_order_acquire) != s) {
-        for (int t = 0; t < o->threads; t++)
-            atomic_store_explicit(&cs->upd_done[t], lane_begin(o->num_items[c], o->threads, t),
-                                  memory_order_release);
+        for (uint32_t k = 0; k < o->num_segments; k++)
+            atomic_store_explicit(&cs->upd_done[k], o->segment_bounds[k], memory_order_release);
         atomic_store_explicit(&cs->upd_step, s, memory_order_release);
     }
     o->op_chunk = c;
@@ -635,9 +672,9 @@ static void recover_journals(struct optim *o)
         journal_apply(o, l);
         struct chunk_state *cs = ctl_chunk_state(o->ctl, (int)j->chunk);
         if (kind == JOURNAL_REDUCE && atomic_load(&cs->red_key) == micro_key(j->step, j->micro))
-            atomic_store(&cs->red_done[t], j->block + 1);
+            atomic_store(&cs->red_done[j->segment], j->block + 1);
         else if (kind == JOURNAL_UPDATE && atomic_load(&cs->upd_step) == j->step)
-            atomic_store(&cs->upd_done[t], j->block + 1);
+            atomic_store(&cs->upd_done[j->segment], j->block + 1);
         journal_clear(l);
     }
 }

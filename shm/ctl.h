@@ -21,10 +21,12 @@
 #include "shm/ring.h"
 
 #define CTL_MAGIC 0x31504445444c4953ull /* "SLIDEDP1" little-endian */
-#define CTL_VERSION 11 /* 8: document attention (job attention fields, step documents, stats targets/documents); 9: run_id;
-                          * 10: the topology's GPU memory; 11: optimizers' lane_wait_ns */
+#define CTL_VERSION 12 /* 8: document attention (job attention fields, step documents, stats targets/documents); 9: run_id;
+                          * 10: the topology's GPU memory; 11: optimizers' lane_wait_ns; 12: progress per
+                          * segment, not per thread (chunk_state, journal) */
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
+#define CTL_MAX_SEGMENTS 256 /* per operation on a chunk (optimizer/optim.c cut_segments) */
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
 
 enum proc_kind { PROC_WORKER = 0, PROC_OPTIM = 1 };
@@ -116,12 +118,12 @@ struct chunk_state {
     double sumsq[2];                      /* squared L2 norm of the reduced gradient, by step parity */
     /* Progress inside the operation an optimizer is applying, so a restarted one resumes it
      * exactly (optimizer/optim.c): the micro-batch being added ((step << 32) | micro) and the step
-     * being applied; each optimizer thread owns a fixed range of the chunk's blocks, and its
-     * entry says up to which block (exclusive) it has written. */
+     * being applied; the operation's blocks are cut into segments its threads claim one at a
+     * time, and a segment's entry says up to which block (exclusive) it has been written. */
     _Atomic uint64_t red_key;
     _Atomic uint32_t upd_step;
-    _Atomic uint32_t red_done[CTL_MAX_OPTIM_THREADS];
-    _Atomic uint32_t upd_done[CTL_MAX_OPTIM_THREADS];
+    _Atomic uint32_t red_done[CTL_MAX_SEGMENTS];
+    _Atomic uint32_t upd_done[CTL_MAX_SEGMENTS];
 };
 
 static inline uint64_t micro_key(uint32_t step, uint32_t micro)
@@ -154,6 +156,7 @@ struct journal {
     alignas(64) _Atomic uint32_t state;
     uint32_t chunk, step, micro;
     uint32_t block;    /* the block's index within the chunk's operation */
+    uint32_t segment;  /* the segment of the operation's blocks it belongs to */
     uint64_t offset;   /* elements from the start of the parameter space */
     uint64_t n;
 };
