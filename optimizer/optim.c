@@ -26,6 +26,7 @@
 #include "common/parent.h"
 #include "common/fault.h"
 #include "optimizer/adamw.h"
+#include "optimizer/segments.h"
 #include "shm/ctl.h"
 #include "shm/futex.h"
 
@@ -170,26 +171,10 @@ static void add_busy(struct optim *o, uint64_t spent, bool updating)
     o->lane_wait_ns = 0;
 }
 
-/* Cuts an operation's n blocks into segments for the lanes to claim one at a time, largest first:
- * each is the blocks left divided by the lanes (at least SEGMENT_MIN_BLOCKS), so whichever lanes run
- * slow (a shared core, a preempted thread), the others take what is left and all finish within a
- * small segment of each other. The cut depends only on n and the lanes, so a restarted optimizer
- * resumes the same segments, and no block's arithmetic depends on the lane that runs it. */
-#define SEGMENT_MIN_BLOCKS 4
+/* Cuts the operation's n blocks into segments the lanes claim (optimizer/segments.h). */
 static void cut_segments(struct optim *o, uint32_t n)
 {
-    uint32_t b = 0, k = 0;
-    while (b < n) {
-        uint32_t size = (n - b) / (uint32_t)o->threads;
-        if (size < SEGMENT_MIN_BLOCKS)
-            size = SEGMENT_MIN_BLOCKS;
-        if (size > n - b || k == CTL_MAX_SEGMENTS - 1)
-            size = n - b;
-        o->segment_bounds[k++] = b;
-        b += size;
-    }
-    o->segment_bounds[k] = n;
-    o->num_segments = k;
+    o->num_segments = segments_cut(n, o->threads, CTL_MAX_SEGMENTS, o->segment_bounds);
 }
 
 /* The next segment of the operation for a lane, or num_segments (or more) when none is left. */

@@ -20,6 +20,8 @@
 #include "common/fsutil.h"
 #include "common/stop_signals.h"
 #include "optimizer/adamw.h"
+#include "optimizer/segments.h"
+#include "shm/ctl.h"
 #include "shm/futex.h"
 #include "worker/backend.h"
 
@@ -145,10 +147,11 @@ static double trimmed_mean(double *t, int n)
     return sum / (n - 2 * drop);
 }
 
-/* Work split over threads that start together: each copies or updates its slice, with fp32 m and
+/* Work over threads that start together and claim segments of it as the optimizer's lanes do
+ * (optimizer/segments.h): each copies or updates its blocks, with fp32 m and
  * v (and the bf16 copy written), or with bf16 or 8-bit m and v as their optimizer runs them (bf16
  * gradients widened, stochastic rounding, no copy: the weights streamed from the master), or squares
- * its slice of a bf16 gradient for the norm. */
+ * its blocks of a bf16 gradient for the norm. */
 enum { PAR_MEMCPY, PAR_ADAMW, PAR_ADAMW_BF16, PAR_ADAMW_8BIT, PAR_SUMSQ_BF16 };
 struct par_job {
     int kind;
@@ -158,6 +161,10 @@ struct par_job {
     uint16_t *p16;
     enum adamw_isa isa;
     pthread_barrier_t barrier;
+    /* the pass's blocks of STAGE_BLOCK elements cut as the optimizer cuts a chunk's, claimed in turn */
+    uint32_t num_segments;
+    uint32_t *segment_bounds;
+    _Atomic uint32_t next_segment;
     double start[MAX_THREADS], end[MAX_THREADS];
     double sink[MAX_THREADS]; /* the sums of squares, kept so that they are computed */
 };
@@ -170,30 +177,46 @@ struct par_arg {
 /* As optimizer/optim.c updates: block by block into a staging area, then copied into place. */
 #define STAGE_BLOCK 8192
 
+static double par_segment(struct par_job *j, size_t off, size_t n, float *stage);
+
+/* One thread of a pass: claims segments until none is left, as the optimizer's lanes do. */
 static void *par_thread(void *arg)
 {
     struct par_arg *pa = arg;
     struct par_job *j = pa->job;
-    size_t per = j->n / (size_t)j->threads, off = per * (size_t)pa->index;
-    size_t n = pa->index == j->threads - 1 ? j->n - off : per;
     float *stage = malloc(STAGE_BLOCK * 4 * sizeof(float) + STAGE_BLOCK * sizeof(uint16_t));
     SD_ASSERT(stage);
+    double sink = 0;
+    pthread_barrier_wait(&j->barrier);
+    j->start[pa->index] = now_s();
+    for (uint32_t k; (k = atomic_fetch_add_explicit(&j->next_segment, 1, memory_order_relaxed)) < j->num_segments;) {
+        size_t off = (size_t)j->segment_bounds[k] * STAGE_BLOCK;
+        size_t end = (size_t)j->segment_bounds[k + 1] * STAGE_BLOCK;
+        sink += par_segment(j, off, (end < j->n ? end : j->n) - off, stage);
+    }
+    j->end[pa->index] = now_s();
+    j->sink[pa->index] = sink;
+    free(stage);
+    return NULL;
+}
+
+/* The elements [off, off + n) of a pass (off at a block's start, so at a scale block's); returns
+ * the sum of squares of a squaring pass. */
+static double par_segment(struct par_job *j, size_t off, size_t n, float *stage)
+{
+    double total = 0;
     uint16_t *stage16 = (uint16_t *)(stage + 4 * STAGE_BLOCK);
     struct adamw_step st = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
                             .grad_scale = 1.0f, .step = 3};
-    pthread_barrier_wait(&j->barrier);
-    j->start[pa->index] = now_s();
     if (j->kind == PAR_MEMCPY) {
         memcpy(j->b + off, j->a + off, n * sizeof(float));
     } else if (j->kind == PAR_SUMSQ_BF16) { /* as optimizer/optim.c sumsq_lane: widened block by block */
         const uint16_t *g16 = (const uint16_t *)j->c;
-        double total = 0;
         for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
             size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK;
             bf16_to_f32_n(stage, g16 + i, k);
             total += sumsq_f32(j->isa, stage, k);
         }
-        j->sink[pa->index] = total;
     } else if (j->kind == PAR_ADAMW) { /* bf16 gradients in the d area; the copy computed, not written */
         const uint16_t *g16 = (const uint16_t *)j->d;
         float *g32 = stage + 3 * STAGE_BLOCK;
@@ -212,10 +235,6 @@ static void *par_thread(void *arg)
         uint8_t *svs = sms + STAGE_BLOCK / STATE8_BLOCK;
         float *g32 = stage + 2 * STAGE_BLOCK;
         st.round_key = adamw_round_key(1, (uint32_t)st.step, 0);
-        /* slices start at a scale block */
-        size_t end = pa->index == j->threads - 1 ? j->n : (off + n) - (off + n) % STATE8_BLOCK;
-        off -= off % STATE8_BLOCK;
-        n = end - off;
         for (size_t i = off; i < off + n; i += STAGE_BLOCK) {
             size_t k = off + n - i < STAGE_BLOCK ? off + n - i : STAGE_BLOCK, b = i / STATE8_BLOCK;
             bf16_to_f32_n(g32, g16 + i, k);
@@ -240,9 +259,7 @@ static void *par_thread(void *arg)
             adamw_store_staged(j->a + i, m16 + i, v16 + i, NULL, stage, sm, sv, stage16, k, sizeof(uint16_t));
         }
     }
-    j->end[pa->index] = now_s();
-    free(stage);
-    return NULL;
+    return total;
 }
 
 /* Seconds for the whole parallel pass (first start to last end). */
@@ -251,6 +268,11 @@ static double par_run(struct par_job *j)
     pthread_t *tid = malloc(sizeof *tid * (size_t)j->threads);
     struct par_arg *args = malloc(sizeof *args * (size_t)j->threads);
     SD_ASSERT(tid && args);
+    uint32_t bounds[CTL_MAX_SEGMENTS + 1];
+    j->num_segments = segments_cut((uint32_t)((j->n + STAGE_BLOCK - 1) / STAGE_BLOCK), j->threads, CTL_MAX_SEGMENTS,
+                                   bounds);
+    j->segment_bounds = bounds;
+    atomic_store_explicit(&j->next_segment, 0, memory_order_relaxed); /* the threads start after it */
     pthread_barrier_init(&j->barrier, NULL, (unsigned)j->threads);
     for (int i = 0; i < j->threads; i++) {
         args[i] = (struct par_arg){j, i};

@@ -26,7 +26,7 @@
                           * segment, not per thread (chunk_state, journal) */
 #define CTL_MAX_OPTIM 64
 #define CTL_MAX_OPTIM_THREADS 32
-#define CTL_MAX_SEGMENTS 256 /* per operation on a chunk (optimizer/optim.c cut_segments) */
+#define CTL_MAX_SEGMENTS 1024 /* per operation on a chunk (optimizer/segments.h) */
 #define CTL_STEP_RECORDS 64 /* workers never run more than half of this ahead of the launcher */
 
 enum proc_kind { PROC_WORKER = 0, PROC_OPTIM = 1 };

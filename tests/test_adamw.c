@@ -2,7 +2,8 @@
  * the vector paths bit-identical to the scalar path, bf16 rounding (ties, NaN), and a sum of
  * squares that does not depend on how the work is split. With bf16 state: the update equals the
  * fp32 one on the widened state, m and v rounded stochastically with the documented draws, the same
- * bits on every ISA and split, and unbiased where round to nearest would freeze v. */
+ * bits on every ISA and split, and unbiased where round to nearest would freeze v. The cut of an
+ * operation's blocks into the segments the optimizer's lanes claim. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -12,6 +13,8 @@
 #include "common/bf16.h"
 #include "common/rng.h"
 #include "optimizer/adamw.h"
+#include "optimizer/segments.h"
+#include "shm/ctl.h"
 
 #define N 1003 /* odd, so every vector path runs its scalar tail */
 
@@ -284,6 +287,57 @@ static void test_bf16_state_unbiased(void **state)
     free(m), free(v), free(p16), free(p), free(g);
 }
 
+/* The segments cover the blocks in order, shrink as the work left does (never under the minimum but
+ * at the end), and balance lanes of unequal speed: simulated claims by lanes of which one runs at
+ * half speed finish within 5% (plus one minimum segment) of the ideal, where fixed equal ranges
+ * take nearly twice as long. */
+static void test_segments_cut(void **state)
+{
+    (void)state;
+    enum { MAX = CTL_MAX_SEGMENTS };
+    static const uint32_t blocks[] = {0, 1, 3, 4, 5, 17, 1000, 16384, 95000, 400000};
+    static const int lanes[] = {1, 2, 3, 7, 14, 15, 32};
+    uint32_t bounds[MAX + 1];
+    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
+        for (size_t li = 0; li < sizeof lanes / sizeof lanes[0]; li++) {
+            uint32_t n = blocks[bi];
+            int t = lanes[li];
+            uint32_t count = segments_cut(n, t, MAX, bounds);
+            assert_true(count <= MAX);
+            assert_int_equal(bounds[0], 0);
+            assert_int_equal(bounds[count], n);
+            assert_int_equal(count == 0, n == 0);
+            uint32_t share = n / (SEGMENT_SHARES * (uint32_t)t);
+            uint32_t first = share < SEGMENT_MIN_BLOCKS ? SEGMENT_MIN_BLOCKS : share;
+            if (count)
+                assert_int_equal(bounds[1], first < n ? first : n);
+            for (uint32_t k = 0; k < count; k++) {
+                uint32_t size = bounds[k + 1] - bounds[k];
+                assert_true(size >= 1);
+                if (k + 1 < count) {
+                    assert_true(size >= SEGMENT_MIN_BLOCKS);
+                    if (k + 2 < count) /* the last may hold what the cap left */
+                        assert_true(bounds[k + 2] - bounds[k + 1] <= size);
+                }
+            }
+            if (t < 2 || n < 1000)
+                continue;
+            /* lane 0 takes 2 time units a block, the others 1; each free lane claims the next segment */
+            double free_at[32] = {0}, makespan = 0;
+            for (uint32_t k = 0; k < count; k++) {
+                int l = 0;
+                for (int i = 1; i < t; i++)
+                    l = free_at[i] < free_at[l] ? i : l;
+                free_at[l] += (l == 0 ? 2.0 : 1.0) * (bounds[k + 1] - bounds[k]);
+                makespan = free_at[l] > makespan ? free_at[l] : makespan;
+            }
+            double ideal = n / (t - 0.5), fixed = 2.0 * n / t;
+            printf("# %u blocks, %d lanes (one at half speed): %u segments, claimed %.0f, ideal %.0f, fixed ranges %.0f\n",
+                   n, t, count, makespan, ideal, fixed);
+            assert_true(makespan <= 1.05 * ideal + 2 * SEGMENT_MIN_BLOCKS);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -294,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_bf16_state_against_fp32),
         cmocka_unit_test(test_bf16_state_isa_and_split),
         cmocka_unit_test(test_bf16_state_unbiased),
+        cmocka_unit_test(test_segments_cut),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
