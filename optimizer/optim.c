@@ -2,11 +2,12 @@
  * once the global norm is known (needed for clipping; the update then overlaps the next step's
  * forward), or during the backward, each chunk once its gradient is complete, lowest-numbered first.
  *
- * The blocks of a chunk are split between the process's threads in fixed ranges.
+ * The blocks of a chunk's reduction or update are cut into segments the process's threads claim in
+ * turn (optimizer/segments.h).
  *
  * Crash safety: every write to master, m, v, params16 and the gradient accumulator goes through a
  * journaled staging block per thread (shm/ctl.h struct journal), and the progress of the current
- * reduction or update is kept per chunk and thread, so a restarted optimizer finishes exactly what
+ * reduction or update is kept per chunk and segment, so a restarted optimizer finishes exactly what
  * its predecessor began:
  * no block is half-written, no micro-batch is added twice, no update is applied twice. Descriptors
  * are consumed in the order add -> progress -> free the slot (compare-and-swap on its fill
