@@ -1581,6 +1581,8 @@ static void test_fp32_update_curve_flavours(void **state)
     assert_true(calib_fp32_update_bw(&broken.host, 15) == calib_fp32_update_bw(&old.host, 15));
 }
 
+/* One host plans as before hosts existed. The host bytes include the ctl region, which grew by
+ * 7936 bytes a chunk when progress went per segment (ctl version 12). */
 static void test_hosts_one_as_before(void **state)
 {
     struct model_config cfg = medium();
@@ -1592,11 +1594,11 @@ static void test_hosts_one_as_before(void **state)
         int64_t host_bytes, gpu_bytes;
     } cases[] = {
         {DEVICE_CUDA, 1, 4, 1, 1.0, 2, 6, 2, 1, 7, UPDATE_AFTER_BACKWARD, 0x1.114c9b22671fp-3, 0x1.83dddp+32,
-         0x1.6d0dp+28, 0x1.6d0dp+29, 3446104064, 3423773184},
+         0x1.6d0dp+28, 0x1.6d0dp+29, 3446153216, 3423773184},
         {DEVICE_CUDA, 1, 2, 4, 0, 7, 4, 2, 1, 7, UPDATE_DURING_BACKWARD, 0x1.1ff084611c6e2p-3, 0x1.563a5p+32,
-         0x1.6d0bp+28, 0x1.6d0bp+29, 3828809728, 3910623744},
+         0x1.6d0bp+28, 0x1.6d0bp+29, 3828838400, 3910623744},
         {DEVICE_CPU, 2, 1, 3, 1.0, 4, 4, 4, 4, 1, UPDATE_AFTER_BACKWARD, 0x1.21ef44a20e47cp+7, 0x1.22e4c4p+34,
-         0x1.6d0bp+28, 0x1.11c84p+31, 10099942400, 2320278016},
+         0x1.6d0bp+28, 0x1.11c84p+31, 10099975168, 2320278016},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int st = HOST_STATE_AUTO; st <= HOST_STATE_SHARDED; st++) {
