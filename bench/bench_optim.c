@@ -6,7 +6,8 @@
  * in 8 bits (train.optimizer_state = 8bit: codes and block scales); reports bytes touched per second.
  * The arrays live in anonymous memory, or (memory = shm) in POSIX shared memory as the job's state
  * does, or (shm-locked) the same with its pages locked (mlock), as the workers' cudaHostRegister
- * pins the master and the gradients but not m and v.
+ * pins the master and the gradients but not m and v. The threads claim segments of the blocks in turn,
+ * as the optimizer's lanes do (optimizer/segments.h).
  * usage: bench_optim [N_millions=256] [threads=all] [memory=anon|shm|shm-locked] */
 #include <fcntl.h>
 #include <pthread.h>
@@ -20,6 +21,8 @@
 
 #include "common/bf16.h"
 #include "optimizer/adamw.h"
+#include "optimizer/segments.h"
+#include "shm/ctl.h"
 
 struct job {
     float *p, *m, *v, *g, *dst;
@@ -27,6 +30,10 @@ struct job {
     uint8_t *m8, *v8, *m_scale, *v_scale;
     size_t n;
     int threads, t;
+    /* the blocks of 8192 elements cut and claimed as the optimizer's lanes claim a chunk's */
+    const uint32_t *segment_bounds;
+    uint32_t num_segments;
+    _Atomic uint32_t *next_segment;
     int what; /* 0 adamw, 1 copy, 2 adamw through a staging block, 3 the same from bf16 gradients,
                * 4 the same with bf16 m and v, 5 with 8-bit m and v */
     enum adamw_isa isa;
@@ -39,19 +46,15 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void *run(void *arg)
+/* Elements [b, e) (b at a block's start, so at an 8-bit scale block's) of the job's operation. */
+static void run_range(struct job *j, size_t b, size_t e, float *stage)
 {
-    struct job *j = arg;
-    /* ranges start at a multiple of 64 elements: an 8-bit scale block's start */
-    size_t b = j->n * (size_t)j->t / (size_t)j->threads / 64 * 64;
-    size_t e = j->t + 1 == j->threads ? j->n : j->n * (size_t)(j->t + 1) / (size_t)j->threads / 64 * 64;
     struct adamw_step st = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                             .grad_scale = 1.0f, .step = 3};
     if (j->what == 1) {
         memcpy(j->dst + b, j->p + b, (e - b) * sizeof(float));
-        return NULL;
+        return;
     }
-    float *stage = j->what >= 2 ? malloc(8192 * 4 * sizeof(float) + 8192 * 2) : NULL;
     for (size_t i = b; i < e; i += 8192) {
         size_t n = e - i < 8192 ? e - i : 8192;
         if (!stage) {
@@ -87,6 +90,17 @@ static void *run(void *arg)
         adamw_update_to(j->isa, &st, j->p + i, j->m + i, j->v + i, g, sp, sm, sv, s16, n);
         adamw_store_staged(j->p + i, j->m + i, j->v + i, j->p16 + i, sp, sm, sv, s16, n, sizeof(float));
     }
+}
+
+/* One thread: claims segments until none is left. */
+static void *run(void *arg)
+{
+    struct job *j = arg;
+    float *stage = j->what >= 2 ? malloc(8192 * 4 * sizeof(float) + 8192 * 2) : NULL;
+    for (uint32_t k; (k = atomic_fetch_add_explicit(j->next_segment, 1, memory_order_relaxed)) < j->num_segments;) {
+        size_t b = (size_t)j->segment_bounds[k] * 8192, e = (size_t)j->segment_bounds[k + 1] * 8192;
+        run_range(j, b, e < j->n ? e : j->n, stage);
+    }
     free(stage);
     return NULL;
 }
@@ -95,9 +109,15 @@ static double timed(struct job *base, int threads, int what)
 {
     pthread_t tid[256];
     struct job jobs[256];
+    static uint32_t bounds[CTL_MAX_SEGMENTS + 1];
+    uint32_t segments = segments_cut((uint32_t)((base->n + 8191) / 8192), threads, CTL_MAX_SEGMENTS, bounds);
+    _Atomic uint32_t next_segment = 0;
     double t0 = now();
     for (int t = 0; t < threads; t++) {
         jobs[t] = *base;
+        jobs[t].segment_bounds = bounds;
+        jobs[t].num_segments = segments;
+        jobs[t].next_segment = &next_segment;
         jobs[t].threads = threads;
         jobs[t].t = t;
         jobs[t].what = what;
