@@ -1,7 +1,8 @@
 /* [train] optimizer_state = bf16 and 8bit on the CPU backend, end to end: over 300 steps of the copy
  * task the loss stays within 1% of the fp32 state's at every logged step; workers and optimizers
- * killed at named points of the protocol, and a resume from a disk checkpoint, give final weights, m
- * and v bit-identical to an uninterrupted run; a checkpoint of one mode is not resumed under another. */
+ * killed at named points of the protocol, an optimizer thread stalled mid-update, and a resume from
+ * a disk checkpoint, give final weights, m and v bit-identical to an uninterrupted run; a checkpoint
+ * of one mode is not resumed under another. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -36,12 +37,31 @@ static void write_job(const char *name, int steps)
     tu_write_file(p, text);
 }
 
-/* Runs the job with the overrides (and SLIDEDP_CRASH_AT when crash_at is set); its output goes to
- * <name>/launcher.log. Returns the exit status. */
+/* Runs the job with the overrides and the fault rules (SLIDEDP_CRASH_AT when crash_at is set,
+ * SLIDEDP_DELAY_AT when delay_at is); its output goes to <name>/launcher.log. Returns the exit
+ * status. */
+static int run_job_faults(const char *name, const char *overrides, const char *crash_at, const char *delay_at)
+{
+    return tu_sh(NULL,
+                 "cd %s/%s && mkdir -p counts && SLIDEDP_FAULT_COUNT=counts SLIDEDP_CRASH_AT='%s' SLIDEDP_DELAY_AT='%s' "
+                 "%s job.ini %s > launcher.log 2>&1",
+                 dir, name, crash_at ? crash_at : "", delay_at ? delay_at : "", tu_bin("slidedp-launch"), overrides);
+}
+
+/* How many of the job's optimizer processes passed `point` at least n times (SLIDEDP_FAULT_COUNT). */
+static int optimizers_passing(const char *name, const char *point, int n)
+{
+    char *out = NULL;
+    assert_int_equal(tu_sh(&out, "cat %s/%s/counts/optim* | awk '$1 == \"%s\" && $2 >= %d' | wc -l", dir, name, point, n),
+                     0);
+    int count = atoi(out);
+    free(out);
+    return count;
+}
+
 static int run_job(const char *name, const char *overrides, const char *crash_at)
 {
-    return tu_sh(NULL, "cd %s/%s && SLIDEDP_CRASH_AT='%s' %s job.ini %s > launcher.log 2>&1", dir, name,
-                 crash_at ? crash_at : "", tu_bin("slidedp-launch"), overrides);
+    return run_job_faults(name, overrides, crash_at, NULL);
 }
 
 static void show_log(const char *name)
@@ -213,6 +233,36 @@ static void test_crash_during_backward(void **state)
                2);
 }
 
+/* Slowness, not death: one optimizer thread stalls for 300 ms in the middle of an update block and
+ * of a reduction block (both optimizers, during and after the backward). The process's other
+ * threads claim the segments it has not started (optimizer/segments.h), so the blocks run on other
+ * threads than in the reference run; the final weights, m and v and every norm are bit-identical. */
+static void test_stalled_thread(void **state)
+{
+    static const char *const modes[][2] = {
+        {"stall-after", "train.optimizer_state=8bit"},
+        {"stall-during", "train.optimizer_state=8bit train.grad_clip=0 runtime.update_mode=during_backward"},
+    };
+    for (int i = 0; i < 2; i++) {
+        char ref[32], name[40];
+        snprintf(ref, sizeof ref, "%s-ref", modes[i][0]);
+        snprintf(name, sizeof name, "%s", modes[i][0]);
+        write_job(ref, CRASH_STEPS);
+        assert_int_equal(run_job(ref, modes[i][1], NULL), 0);
+        write_job(name, CRASH_STEPS);
+        const char *delay = "optim_update_journaled:40:300,optim_reduce_journaled:45:300";
+        int rc = run_job_faults(name, modes[i][1], NULL, delay);
+        printf("# %s: SLIDEDP_DELAY_AT=%s -> exit %d\n", name, delay, rc);
+        if (rc != 0)
+            show_log(name);
+        assert_int_equal(rc, 0);
+        /* the stalls happened: an optimizer passed both points that often */
+        assert_true(optimizers_passing(name, "optim_update_journaled", 40) > 0);
+        assert_true(optimizers_passing(name, "optim_reduce_journaled", 45) > 0);
+        assert_same_state(name, ref, CRASH_STEPS);
+    }
+}
+
 /* A resume from step-6/ (m and v in `mode`) ends where the uninterrupted run does; the same
  * checkpoint under the `other` mode is refused with one line and exit 2. */
 static void resume_in(const char *mode, const char *other)
@@ -265,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_loss_curve),
         cmocka_unit_test(test_crash_after_backward),
         cmocka_unit_test(test_crash_during_backward),
+        cmocka_unit_test(test_stalled_thread),
         cmocka_unit_test(test_resume),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
