@@ -29,7 +29,6 @@ struct job {
     uint16_t *p16, *g16, *m16, *v16;
     uint8_t *m8, *v8, *m_scale, *v_scale;
     size_t n;
-    int threads, t;
     /* the blocks of 8192 elements cut and claimed as the optimizer's lanes claim a chunk's */
     const uint32_t *segment_bounds;
     uint32_t num_segments;
@@ -108,21 +107,16 @@ static void *run(void *arg)
 static double timed(struct job *base, int threads, int what)
 {
     pthread_t tid[256];
-    struct job jobs[256];
-    static uint32_t bounds[CTL_MAX_SEGMENTS + 1];
-    uint32_t segments = segments_cut((uint32_t)((base->n + 8191) / 8192), threads, CTL_MAX_SEGMENTS, bounds);
+    uint32_t bounds[CTL_MAX_SEGMENTS + 1];
     _Atomic uint32_t next_segment = 0;
+    struct job j = *base; /* shared by the threads: they differ only in the segments they claim */
+    j.what = what;
+    j.segment_bounds = bounds;
+    j.num_segments = segments_cut((uint32_t)((base->n + 8191) / 8192), threads, CTL_MAX_SEGMENTS, bounds);
+    j.next_segment = &next_segment;
     double t0 = now();
-    for (int t = 0; t < threads; t++) {
-        jobs[t] = *base;
-        jobs[t].segment_bounds = bounds;
-        jobs[t].num_segments = segments;
-        jobs[t].next_segment = &next_segment;
-        jobs[t].threads = threads;
-        jobs[t].t = t;
-        jobs[t].what = what;
-        pthread_create(&tid[t], NULL, run, &jobs[t]);
-    }
+    for (int t = 0; t < threads; t++)
+        pthread_create(&tid[t], NULL, run, &j);
     for (int t = 0; t < threads; t++)
         pthread_join(tid[t], NULL);
     return now() - t0;
