@@ -106,7 +106,12 @@ static void inspect_running_job(const char *job_name, int gpus, pid_t launcher)
         assert_int_equal(access(params_obj, F_OK) == 0, !master);
     }
     for (int k = 0; k < h->optim_procs; k++) {
-        int pid = atomic_load(&ctl_proc(h, PROC_OPTIM, k)->pid);
+        /* the launcher records the pid at the fork; the optimizer leaves PHASE_IDLE once it has mapped the state */
+        struct proc_slot *slot = ctl_proc(h, PROC_OPTIM, k);
+        while (atomic_load(&slot->phase) == PHASE_IDLE && clock_ns() - t0 < 30ull * 1000000000ull)
+            usleep(10000);
+        assert_int_not_equal(atomic_load(&slot->phase), PHASE_IDLE);
+        int pid = atomic_load(&slot->pid);
         proc_comm(pid, comm, sizeof comm);
         assert_string_equal(comm, "slidedp-optim");
         mapping_perms(pid, master_obj, perms);
