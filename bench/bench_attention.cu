@@ -4,7 +4,7 @@
  * count: forward 4*B*Hq*T*T*D/2, backward 2.5x forward. Then document attention (issue 30) against
  * dense causal attention at B=2 T=4096 for several document-length mixes. `bench_attention
  * backward`: the backward's deterministic, built-in and fused kernels at 4K, 32K and 128K (`backward
- * tilings`: then the deterministic one cut into other calls). Not a
+ * tilings`: then the deterministic one cut into other calls, and its calls spread over streams). Not a
  * test; built when CUDA is. */
 #include "common/attn_tiles.h"
 #include "worker/cuda/cuda_common.cuh"
@@ -246,6 +246,31 @@ static int run_det_tilings(struct backend *be, shape s, int reps)
                same ? "bit-identical" : "DIFFERS", worst, scale);
     }
     cx->attn_tile_limit = ATTN_TILE_WORKSPACE_DEFAULT;
+    /* lanes: the calls' (batch, KV heads) groups alternating over 1, 2 or 4 streams, each lane its
+     * own workspace (whether one call's dQ matmul, bound by reading dP, overlaps another's kernel);
+     * every lane count must give the one-lane bits */
+    static const int lane_shapes[][2] = {{0, 0}, {1, 32768}, {2, 32768}};
+    for (const auto &sh : lane_shapes) {
+        cx->attn_tile_ng = sh[0];
+        cx->attn_tile_rows = sh[1];
+        struct attn_tiling t;
+        cuda_attention_tiling(be, s.B, s.T, s.Hq, s.Hkv, &t);
+        std::vector<uint16_t> one;
+        for (int lanes : {1, 2, 4}) {
+            cx->attn_tile_lanes = lanes;
+            float ms = time_ms(cx->compute, 1, reps, engine);
+            grads_snapshot(be, bb, s, first);
+            if (lanes == 1)
+                one = first;
+            bool same = first == one;
+            rc |= !same;
+            printf("attention backward B=%d T=%d deterministic, calls of %d KV heads x %d rows (%d chunks, %zu MiB of "
+                   "dP)%s on %d lane(s): %.3f ms %.1f TFLOP/s, %s\n",
+                   s.B, s.T, t.ng, t.chunk, t.nchunks, attn_tiling_dp_bytes(&t) >> 20, sh[0] ? "" : " (default)",
+                   lanes, ms, flops / ms * 1e-9, same ? "bits of one lane" : "DIFFERS from one lane");
+        }
+    }
+    cx->attn_tile_ng = cx->attn_tile_rows = cx->attn_tile_lanes = 0;
     be->deterministic = was;
     bufs_free(be, &bb);
     return rc;

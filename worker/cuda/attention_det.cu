@@ -2,7 +2,9 @@
  * deterministic engine, which keeps dP in its workspace and makes dQ by a matmul instead of atomic
  * additions, over the calls of common/attn_tiles.h so that the workspace stays under the context's
  * bound. Whole sequences write dQ, dK and dV straight into the outputs; chunked sequences add each
- * tile's partial outputs into fp32 sums in the iterator's fixed order and round them once. */
+ * tile's partial outputs into fp32 sums in the iterator's fixed order and round them once. The calls
+ * of one (batch entries, KV heads) group stay in order on one stream; bench_attention can spread the
+ * groups over several (attn_tile_lanes), each with its own scratch, to time the overlap. */
 #include "attention_cudnn.h"
 #include "cuda_common.cuh"
 
@@ -58,7 +60,6 @@ bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, 
     if (mode && !strcmp(mode, "det-builtin"))
         return false;
     struct cuda_ctx *cx = cuda_ctx_of(be);
-    cudaStream_t st = cx->compute;
     struct attn_tiling t;
     cuda_attention_tiling(be, B, T, Hq, Hkv, &t);
     const int G = Hq / Hkv;
@@ -79,23 +80,39 @@ bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, 
             return false;
         workspace = std::max(workspace, cudnn_sdpa_workspace_bytes(p));
     }
+    /* The calls of a (batch entries, KV heads) group run in order on one lane; groups write disjoint
+     * outputs, so lanes (bench_attention's attn_tile_lanes) change when work runs, never the bits. */
+    const int groups = ((B + t.nb - 1) / t.nb) * (Hkv / t.ng);
+    const int lanes = std::max(1, std::min({cx->attn_tile_lanes, CUDA_ATTN_LANES_MAX, groups}));
     struct attn_tile_scratch l;
     attn_tiling_scratch(&t, D, workspace, &l);
-    char *s = (char *)cuda_scratch_try(be, l.total);
-    if (!s) {
+    const size_t lane_bytes = l.total; /* 256-byte aligned, as each piece */
+    char *scratch = (char *)cuda_scratch_try(be, lane_bytes * lanes);
+    if (!scratch) {
         static bool said;
         if (!said)
             fprintf(stderr, "cuda attention: the deterministic backward's %zu MiB of scratch do not fit the budget "
                             "(%s); using the built-in kernels\n",
-                    l.total >> 20, sd_errmsg());
+                    (lane_bytes * lanes) >> 20, sd_errmsg());
         said = true;
         return false;
     }
-    float *lse_c = (float *)(s + l.lse), *rowsum = (float *)(s + l.rowsum);
-    float *dq_sum = (float *)(s + l.dq_sum), *dk_sum = (float *)(s + l.dk_sum), *dv_sum = (float *)(s + l.dv_sum);
+    if (lanes > 1) {
+        CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
+        for (int i = 1; i < lanes; i++)
+            CUDA_CHECK(cudaStreamWaitEvent(cx->attn_side[i - 1], cx->compute_mark, 0));
+    }
     bf16 *gq = (bf16 *)dq, *gk = (bf16 *)dk, *gv = (bf16 *)dv;
 
+    int group = -1;
+    bool ok = true;
     for (attn_tile_begin(&it, &t); attn_tile_next(&it, &c);) {
+        group += c.group_start;
+        const int lane = group % lanes;
+        cudaStream_t st = lane ? cx->attn_side[lane - 1] : cx->compute;
+        char *s = scratch + lane * lane_bytes;
+        float *lse_c = (float *)(s + l.lse), *rowsum = (float *)(s + l.rowsum);
+        float *dq_sum = (float *)(s + l.dq_sum), *dk_sum = (float *)(s + l.dk_sum), *dv_sum = (float *)(s + l.dv_sum);
         struct cudnn_tile tile = tile_of(c);
         struct cudnn_sdpa *p = cudnn_sdpa_tile_plan(&tile);
         const int h0 = c.g0 * G, hs = tile.hq;
@@ -117,8 +134,10 @@ bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, 
         void *to_k = chunked ? (void *)(s + l.dk_part) : (void *)(gk + ko);
         void *to_v = chunked ? (void *)(s + l.dv_part) : (void *)(gv + ko);
         if (!cudnn_sdpa_tile_bwd(p, st, s, rowsum, to_q, to_k, to_v, (const bf16 *)dout + qo, (const bf16 *)q + qo,
-                                 (const bf16 *)k + ko, (const bf16 *)v + ko, (const bf16 *)out + qo, lse_c))
-            return false;
+                                 (const bf16 *)k + ko, (const bf16 *)v + ko, (const bf16 *)out + qo, lse_c)) {
+            ok = false; /* the lanes still join before the built-in kernels take over */
+            break;
+        }
         if (!chunked)
             continue;
         const bool f32 = cudnn_sdpa_tile_f32(p);
@@ -134,5 +153,9 @@ bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, 
             tile_store(st, gv + first, (size_t)Hkv * D, dv_sum, T, (int)krow);
         }
     }
-    return true;
+    for (int i = 1; i < lanes; i++) {
+        CUDA_CHECK(cudaEventRecord(cx->attn_side_done[i - 1], cx->attn_side[i - 1]));
+        CUDA_CHECK(cudaStreamWaitEvent(cx->compute, cx->attn_side_done[i - 1], 0));
+    }
+    return ok;
 }
