@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,12 +184,51 @@ static bool is_ini_arg(const char *arg)
     return strchr(arg, '/') || (n > 4 && !strcmp(arg + n - 4, ".ini")) || (stat(arg, &st) == 0 && S_ISREG(st.st_mode));
 }
 
+static bool is_dir_arg(const char *arg)
+{
+    struct stat st;
+    return stat(arg, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* A job's log.dir (the path the launcher prints): the running job that logs there, compared by real
+ * path, else the job that would (a finished one, for --plot). */
+static int pick_log_dir(const char *arg, struct mon_target *t)
+{
+    char real[PATH_MAX], theirs[PATH_MAX];
+    if (!realpath(arg, real))
+        return sd_err("%s: %s", arg, strerror(errno));
+    if (strlen(real) >= sizeof t->log_dir)
+        return sd_err("%s: the path is too long", arg);
+    struct mon_job_info *jobs;
+    int n;
+    if (mon_list_jobs(&jobs, &n) != 0)
+        return MON_ERR;
+    for (int i = 0; i < n; i++)
+        if (realpath(jobs[i].log_dir, theirs) && !strcmp(theirs, real)) {
+            snprintf(t->name, sizeof t->name, "%s", jobs[i].name);
+            snprintf(t->log_dir, sizeof t->log_dir, "%s", jobs[i].log_dir);
+            free(jobs);
+            return 0;
+        }
+    free(jobs);
+    ctl_job_name(real, t->name, sizeof t->name);
+    snprintf(t->log_dir, sizeof t->log_dir, "%s", real);
+    return 0;
+}
+
 int mon_pick(const char *arg, int num_overrides, char **overrides, struct mon_target *t,
              struct mon_job_info **several, int *num_several)
 {
     memset(t, 0, sizeof *t);
     *several = NULL;
     *num_several = 0;
+    if (arg && is_dir_arg(arg)) {
+        if (num_overrides > 0) {
+            sd_err("overrides (%s) go after a job.ini, not a log.dir", overrides[0]);
+            return MON_BAD_ARG;
+        }
+        return pick_log_dir(arg, t) == 0 ? 0 : MON_ERR;
+    }
     if (num_overrides > 0 && (!arg || !is_ini_arg(arg))) {
         sd_err("overrides (%s) go after a job.ini", overrides[0]);
         return MON_BAD_ARG;

@@ -34,8 +34,9 @@ struct mon_target {
 };
 
 enum { MON_ERR = -1, MON_BAD_ARG = -2 };
-/* arg is a job name or a path to a job.ini (whose log.dir, after the section.key=value overrides
- * the job was launched with, hashes to the name); with arg NULL the only running job. An ini path
+/* arg is a job name, a job's log.dir (a directory: the running job logging there, by real path),
+ * or a path to a job.ini (whose log.dir, after the section.key=value overrides the job was
+ * launched with, hashes to the name); with arg NULL the only running job. An ini path or a log.dir
  * is enough for a finished job; a name must be running. Returns 0; MON_BAD_ARG when arg is an
  * unusable job.ini or overrides come without one; MON_ERR when no such job runs, or (arg NULL)
  * none or several run: then *several holds them (caller frees) and *num_several their count. */

@@ -31,10 +31,10 @@ static int usage(FILE *f)
                "A running job's statistics, read from its shared memory (read-only), as text or JSON, or served as\n"
                "a Prometheus endpoint; --plot writes the <log.dir>/metrics.jsonl of a running or finished job\n"
                "as an SVG plot.\n"
-               "  JOB: a job name (listed when several run), or its job.ini followed by the section.key=value\n"
-               "  overrides it was launched with (from the same directory: an override's relative path starts\n"
-               "  at the current directory, a path inside job.ini at job.ini's folder); default: the only\n"
-               "  running job\n"
+               "  JOB: a job name (listed when several run), its log.dir, or its job.ini followed by the\n"
+               "  section.key=value overrides it was launched with (from the same directory: an override's\n"
+               "  relative path starts at the current directory, a path inside job.ini at job.ini's folder);\n"
+               "  default: the only running job\n"
                "  --version: print the version and the backends of this build\n"
                "  --help, -h: this text\n",
             PROG, PROG);

@@ -463,6 +463,24 @@ static void check_discovery(const char *job, const char *ini)
     assert_int_equal(mon_pick("0000deadbeef", 0, NULL, &t, &several, &num_several), MON_ERR);
     assert_null(several);
     assert_int_equal(mon_pick(job, 1, overrides, &t, &several, &num_several), MON_BAD_ARG);
+    /* its log.dir names it, also through a symbolic link (compared by real path); overrides go
+     * only after a job.ini. The launcher makes log.dir with the first metrics line. */
+    for (uint64_t t0 = clock_ns(); !tu_exists(log_dir); usleep(10000))
+        if (clock_ns() - t0 > 60ull * 1000000000ull)
+            fail_msg("%s never appeared", log_dir);
+    char link[1200];
+    snprintf(link, sizeof link, "%s/a-log-link", dir);
+    unlink(link);
+    assert_int_equal(symlink(log_dir, link), 0);
+    const char *dirs[] = {log_dir, link};
+    for (int i = 0; i < 2; i++) {
+        memset(&t, 0, sizeof t);
+        assert_int_equal(mon_pick(dirs[i], 0, NULL, &t, &several, &num_several), 0);
+        assert_string_equal(t.name, job);
+        assert_string_equal(t.log_dir, log_dir);
+    }
+    assert_int_equal(mon_pick(log_dir, 1, overrides, &t, &several, &num_several), MON_BAD_ARG);
+    printf("# discovery: the job.ini, its log.dir and a link to it name job %s\n", job);
 }
 
 /* Named by job B's job.ini with job A's log.dir as an override. */
@@ -739,6 +757,13 @@ static void test_monitors_do_not_disturb(void **state)
     /* a finished job, named by its job.ini */
     snprintf(path, sizeof path, "%s/a.svg", dir);
     rc = tu_sh(&out, "%s %s --plot %s 2>&1", tu_bin("slidedp-stat"), ini, path);
+    printf("# %s", out);
+    assert_int_equal(rc, 0);
+    free(out);
+    check_svg(path);
+    /* and by its log.dir */
+    snprintf(path, sizeof path, "%s/a-dir.svg", dir);
+    rc = tu_sh(&out, "cd %s && %s a-log --plot %s 2>&1", dir, tu_bin("slidedp-stat"), path);
     printf("# %s", out);
     assert_int_equal(rc, 0);
     free(out);
