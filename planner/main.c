@@ -321,18 +321,21 @@ static void print_text_calibration(const struct report *r)
     printf("calibration, GPU: %s\n", cal->gpu_file[0] ? cal->gpu_file
                                                      : "no calibration file: one H200's numbers (docs/design.md §10.7, "
                                                        "docs/performance.md §1), assumed");
+    int w = 0; /* the longest name */
+    for (int i = 0; i < calib_gpu_num_fields; i++)
+        w = (int)strlen(calib_gpu_fields[i].name) > w ? (int)strlen(calib_gpu_fields[i].name) : w;
     for (int i = 0; i < calib_gpu_num_fields; i++) {
         const struct calib_gpu_field *f = &calib_gpu_fields[i];
         double v = calib_gpu_get(&cal->gpu, i);
         bool from_file = cal->gpu_from_file >> i & 1;
         if (!strcmp(f->unit, "B"))
-            printf("  %-18s %10s     %s\n", f->name, sz(v), from_file ? "measured (file)" : "assumed");
+            printf("  %-*s %14s %s\n", w, f->name, sz(v), from_file ? "measured (file)" : "assumed");
         else if (!strcmp(f->unit, "s"))
-            printf("  %-18s %10.2f us      %s\n", f->name, v * 1e6, from_file ? "measured (file)" : "assumed");
+            printf("  %-*s %10.2f us      %s\n", w, f->name, v * 1e6, from_file ? "measured (file)" : "assumed");
         else if (!strcmp(f->unit, "x"))
-            printf("  %-18s %10.3f         %s\n", f->name, v, from_file ? "measured (file)" : "assumed");
+            printf("  %-*s %10.3f         %s\n", w, f->name, v, from_file ? "measured (file)" : "assumed");
         else
-            printf("  %-18s %10.1f %s%s %s\n", f->name, v / (f->unit[0] == 'F' ? 1e12 : 1e9),
+            printf("  %-*s %10.1f %s%s %s\n", w, f->name, v / (f->unit[0] == 'F' ? 1e12 : 1e9),
                    f->unit[0] == 'F' ? "T" : "G", f->unit, from_file ? "measured (file)" : "assumed");
     }
 }
