@@ -242,10 +242,11 @@ int checkpoint_write(const struct job_state *st, uint32_t step)
         goto fail;
     }
     int len = snprintf(json, cap,
-                       "{\n  \"format\": 1,\n  \"step\": %u,\n  \"data_position\": %u,\n  \"seed\": %llu,\n"
+                       "{\n  \"format\": 1,\n  \"step\": %u,\n  \"data_position\": %u,\n  \"train_steps\": %d,\n"
+                       "  \"seed\": %llu,\n"
                        "  \"num_params\": %lld,\n  \"optimizer_state\": \"%s\",\n  \"run_id\": \"%s\",\n"
                        "  \"config_hash\": \"%016llx\",\n  \"config\": %s\n}\n",
-                       step, step, (unsigned long long)st->job.seed, (long long)st->lay.num_params,
+                       step, step, st->job.steps, (unsigned long long)st->job.seed, (long long)st->lay.num_params,
                        optimizer_state_name(st->job.optimizer_state), st->run_id,
                        (unsigned long long)identity_hash(identity), config);
     cJSON_Delete(identity);
@@ -423,6 +424,8 @@ int checkpoint_identity(struct job_state *st, uint32_t step)
     const cJSON *run_id = cJSON_GetObjectItemCaseSensitive(root, "run_id");
     if (cJSON_IsString(run_id))
         snprintf(st->run_id, sizeof st->run_id, "%s", run_id->valuestring);
+    const cJSON *train_steps = cJSON_GetObjectItemCaseSensitive(root, "train_steps"); /* absent before stop 47 */
+    st->resumed_train_steps = cJSON_IsNumber(train_steps) ? train_steps->valueint : 0;
     const cJSON *theirs = cJSON_GetObjectItemCaseSensitive(root, "config"); /* absent before run identities */
     cJSON *ours = run_identity(&st->job);
     char differ[2048] = "";

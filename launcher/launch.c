@@ -926,6 +926,25 @@ static int count_gpus(void)
     return n;
 }
 
+/* A resume under another train.steps (how a job trains on, README) stretches or shrinks the lr
+ * schedule over the new span: says so when that moves the lr of the steps already trained. */
+static void say_schedule_change(const struct job_state *st)
+{
+    int before = st->resumed_train_steps, step = (int)st->resumed_step;
+    if (before <= 0 || before == st->job.steps)
+        return;
+    struct job_config old = st->job;
+    old.steps = before;
+    double was = job_lr_at(&old, step), now = job_lr_at(&st->job, step);
+    if (was == now)
+        return;
+    static const char *const names[] = {[SCHED_COSINE] = "cosine", [SCHED_LINEAR] = "linear", [SCHED_CONSTANT] = "constant"};
+    printf("slidedp: train.steps is %d, step-%u was trained toward %d: the %s schedule now spans %d steps, so the lr "
+           "goes from %.3e (step %d, the last trained) to %.3e (step %d)\n",
+           st->job.steps, st->resumed_step, before, names[st->job.schedule], st->job.steps, was, step,
+           job_lr_at(&st->job, step + 1), step + 1);
+}
+
 static void print_header(const struct sup *s)
 {
     const struct job_state *st = &s->st;
@@ -1033,6 +1052,7 @@ int launch_run(const struct launch_opts *opts)
                ctl_committed_step(s->h), atomic_load(&s->h->metrics_step));
     } else if (s->st.resumed_step > 0) {
         printf("slidedp: resuming from checkpoint step-%u\n", s->st.resumed_step);
+        say_schedule_change(&s->st);
     }
     s->logged = s->commits_seen = atomic_load(&s->h->metrics_step);
     if (s->st.adopted)

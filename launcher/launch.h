@@ -28,6 +28,7 @@ struct job_state {
     bool created;       /* the shm objects exist and are ours to remove */
     bool adopted;       /* the state was left by a launcher that died; we continue it */
     uint32_t resumed_step; /* the disk checkpoint the state was loaded from (0: none) */
+    int resumed_train_steps; /* the train.steps that checkpoint was trained toward (0: not recorded) */
     bool finished;         /* checkpoint.dir holds the last step and final/: nothing was created */
     bool locked;           /* we hold the job's owner lock (owner.c), lock_fd */
     int lock_fd;
