@@ -258,6 +258,15 @@ static int run_det_tilings(struct backend *be, shape s, int reps)
         std::vector<uint16_t> one;
         for (int lanes : {1, 2, 4}) {
             cx->attn_tile_lanes = lanes;
+            /* the lanes' scratch must fit, else the engine would fall back to the built-in kernels */
+            if (!cuda_attention_bwd_tiles(be, bb.dq, bb.dk, bb.dv, bb.dout, bb.q, bb.k, bb.v, bb.out, bb.lse, s.B,
+                                          s.T, s.Hq, s.Hkv, s.D)) {
+                printf("attention backward B=%d T=%d deterministic, calls of %d KV heads x %d rows on %d lane(s): "
+                       "not run (cuDNN refused or the scratch does not fit)\n",
+                       s.B, s.T, t.ng, t.chunk, lanes);
+                rc |= lanes == 1;
+                continue;
+            }
             float ms = time_ms(cx->compute, 1, reps, engine);
             grads_snapshot(be, bb, s, first);
             if (lanes == 1)
