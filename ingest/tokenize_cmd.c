@@ -191,6 +191,19 @@ static const char *get_string(const cJSON *obj, const char *key)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+/* Whether a template's `{% if x %}` would take the key's value: present and not null, false, 0, or
+ * an empty string, list or object. */
+static bool template_truthy(const cJSON *v)
+{
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v))
+        return false;
+    if (cJSON_IsNumber(v))
+        return v->valuedouble != 0;
+    if (cJSON_IsString(v))
+        return v->valuestring[0] != 0;
+    return v->child != NULL || cJSON_IsTrue(v); /* a list or object with items */
+}
+
 static int add_message(struct worker *w, int *n, const char *role, const char *content, const char *reasoning)
 {
     if (*n == w->msgs_cap) {
@@ -230,6 +243,11 @@ static int read_conversation(struct worker *w, enum format fmt, const cJSON *obj
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(obj, list_key);
     if (!cJSON_IsArray(list))
         return sd_err("%s: needs a '%s' list", format_names[fmt], list_key);
+    /* tool definitions and calls are not rendered yet: refused rather than silently dropped (null or
+     * empty ones, as exports often carry, render nothing and pass) */
+    static const char tools_unsupported[] = "tool definitions and tool calls are not supported yet";
+    if (template_truthy(cJSON_GetObjectItemCaseSensitive(obj, "tools")))
+        return sd_err("tools: %s", tools_unsupported);
     const cJSON *m;
     int i = 0;
     cJSON_ArrayForEach(m, list)
@@ -248,8 +266,16 @@ static int read_conversation(struct worker *w, enum format fmt, const cJSON *obj
             if (!mapped)
                 return sd_err("conversations[%d]: unknown role '%s' (accepted: human, gpt, system)", i, role);
             role = mapped;
-        } else if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant"))
+        } else if (!strcmp(role, "tool") || !strcmp(role, "function") || !strcmp(role, "ipython")) {
+            return sd_err("messages[%d]: role '%s': %s (accepted roles: system, user, assistant)", i, role,
+                          tools_unsupported);
+        } else if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")) {
             return sd_err("messages[%d]: unknown role '%s' (accepted: system, user, assistant)", i, role);
+        }
+        if (!sharegpt && (template_truthy(cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) ||
+                          template_truthy(cJSON_GetObjectItemCaseSensitive(m, "function_call"))))
+            return sd_err("messages[%d]: %s (the turn's calls would be dropped from its target)", i,
+                          tools_unsupported);
         if (add_message(w, n, role, content, sharegpt ? NULL : get_string(m, "reasoning_content")) != 0)
             return -1;
         i++;

@@ -155,6 +155,21 @@ def check_bad_input(c, llama, qwen):
     refused(llama, [good, {"messages": [{"role": "robot", "content": "beep"}]}], "in.jsonl:2: ")
     refused(llama, [good, {"messages": [{"role": "robot", "content": "beep"}]}], "unknown role 'robot'")
     refused(llama, [{"conversations": [{"from": "alien", "value": "x"}]}], "unknown role 'alien'")
+    # tool data is refused, never silently dropped from the render; null or empty tool fields (as
+    # exports carry) render nothing, as the templates' `if` gives, and change nothing
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    ask = {"role": "user", "content": "Weather in Paris?"}
+    refused(qwen, [good, {"messages": [ask, {"role": "assistant", "content": "", "tool_calls": [call]}]}],
+            "in.jsonl:2: messages[1]: tool definitions and tool calls are not supported yet")
+    refused(qwen, [{"messages": [ask, {"role": "tool", "content": "sunny"}]}], "role 'tool'")
+    refused(qwen, [{"tools": [call["function"]], "messages": CONVERSATIONS[0]}], "tools: ")
+    c.tokenize(qwen, [{"messages": CONVERSATIONS[0]}])
+    plain = c.shard()
+    empty_tools = [dict(m, tool_calls=None, function_call=None) if m["role"] == "assistant" else m
+                   for m in CONVERSATIONS[0]]
+    c.tokenize(qwen, [{"tools": [], "messages": empty_tools}])
+    c.check(c.shard() == plain, "null tool_calls and function_call, an empty tools list: the shard of the "
+                                "conversation without them")
     refused(llama, [], "empty")
     refused(llama, ["", "  "], "empty")
     refused(llama, [{"text": "x"}, {"text": 5}], "in.jsonl:2: text: needs a string field text")
