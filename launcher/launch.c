@@ -938,10 +938,11 @@ static void say_schedule_change(const struct job_state *st)
     double was = job_lr_at(&old, step), now = job_lr_at(&st->job, step);
     if (was == now)
         return;
-    static const char *const names[] = {[SCHED_COSINE] = "cosine", [SCHED_LINEAR] = "linear", [SCHED_CONSTANT] = "constant"};
+    char schedule[16];
+    job_config_value(&st->job, "train.schedule", schedule, sizeof schedule);
     printf("slidedp: train.steps is %d, step-%u was trained toward %d: the %s schedule now spans %d steps, so the lr "
            "goes from %.3e (step %d, the last trained) to %.3e (step %d)\n",
-           st->job.steps, st->resumed_step, before, names[st->job.schedule], st->job.steps, was, step,
+           st->job.steps, st->resumed_step, before, schedule, st->job.steps, was, step,
            job_lr_at(&st->job, step + 1), step + 1);
 }
 
