@@ -99,8 +99,13 @@ bool cuda_attention_bwd_tiles(struct backend *be, void *dq, void *dk, void *dv, 
     }
     if (lanes > 1) {
         CUDA_CHECK(cudaEventRecord(cx->compute_mark, cx->compute));
-        for (int i = 1; i < lanes; i++)
+        for (int i = 1; i < lanes; i++) {
+            if (!cx->attn_side[i - 1]) { /* made on first use: only bench_attention asks for lanes */
+                CUDA_CHECK(cudaStreamCreateWithFlags(&cx->attn_side[i - 1], cudaStreamNonBlocking));
+                CUDA_CHECK(cudaEventCreateWithFlags(&cx->attn_side_done[i - 1], cudaEventDisableTiming));
+            }
             CUDA_CHECK(cudaStreamWaitEvent(cx->attn_side[i - 1], cx->compute_mark, 0));
+        }
     }
     bf16 *gq = (bf16 *)dq, *gk = (bf16 *)dk, *gv = (bf16 *)dv;
 

@@ -466,10 +466,6 @@ extern "C" int backend_cuda_init(struct backend *be, int device, size_t mem_budg
     }
     for (int i = 0; i < BE_ACT_SLOTS; i++)
         INIT_TRY(cudaEventCreateWithFlags(&cx->act_done[i], cudaEventDisableTiming));
-    for (int i = 0; i < CUDA_ATTN_LANES_MAX - 1; i++) {
-        INIT_TRY(cudaStreamCreateWithFlags(&cx->attn_side[i], cudaStreamNonBlocking));
-        INIT_TRY(cudaEventCreateWithFlags(&cx->attn_side_done[i], cudaEventDisableTiming));
-    }
     if (cublasLtCreate(&cx->lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&cx->cublas) != CUBLAS_STATUS_SUCCESS) {
         ctx_destroy(cx);
         return sd_err("cuda backend: cuBLAS handle creation failed");

@@ -91,7 +91,7 @@ struct cuda_ctx {
     int attn_tile_ng, attn_tile_rows; /* bench_attention: calls of these KV heads and rows instead (0: the bound's) */
     int attn_tile_lanes;          /* bench_attention: streams the calls' (batch, KV heads) groups alternate over,
                                    * each with its own scratch (0 or 1: the compute stream alone) */
-    cudaStream_t attn_side[CUDA_ATTN_LANES_MAX - 1]; /* the other lanes' streams, and their ends */
+    cudaStream_t attn_side[CUDA_ATTN_LANES_MAX - 1]; /* the other lanes' streams (made on first use), and their ends */
     cudaEvent_t attn_side_done[CUDA_ATTN_LANES_MAX - 1];
     int docs_cudnn_min_length;    /* document windows take cuDNN's kernels from this token-weighted mean
                                    * document length (CUDA_DOCS_CUDNN_MIN_LENGTH), else the built-in ones */
