@@ -13,6 +13,7 @@
 #       libnuma-dev libltdl-dev)   # Open MPI: slidedp-launch links it (several hosts)
 #   (cd .gpudeps/extra && apt-get download pkgconf pkgconf-bin libpkgconf3 libopenblas0-pthread \
 #       libopenblas-pthread-dev libopenblas0 libopenblas-dev libgfortran5)   # used only if the host lacks them
+#   cp ../shared/bench/torch_peer.py .gpudeps/   # the FSDP2 peer, for the scripts that run it beside us
 #   mkdir -p .gpudeps/cudnn/include && cp /usr/local/cuda/include/cudnn*.h .gpudeps/cudnn/include/
 #       # cuDNN's header, used if the host lacks it (the library comes with PyTorch there)
 set -u

@@ -45,11 +45,12 @@ if [ -n "${ISSUE31:-}" ]; then
     # (GPU-resident) and 32K (with activation checkpointing), from .gpudeps/torch_peer.py
     row() { [ -z "${ISSUE31_ROWS:-}" ] || [[ " $ISSUE31_ROWS " == *" $1 "* ]]; }
     peer() { # name, torch_peer.py arguments
-        local name=$1 limit=$((deadline - SECONDS))
+        local name=$1 limit=$((deadline - SECONDS)) script=${GPUDEPS:-.gpudeps}/torch_peer.py
         shift
+        [ -f "$script" ] || { log "$name: skipped: no $script (copy ../shared/bench/torch_peer.py there)"; return; }
         [ "$limit" -gt 150 ] && limit=150
         [ "$limit" -lt 40 ] && { log "$name: skipped (no time left)"; return; }
-        timeout "$limit" python3 "${GPUDEPS:-.gpudeps}/torch_peer.py" "$@" > "$out/peer_$name.log" 2>&1
+        timeout "$limit" python3 "$script" "$@" > "$out/peer_$name.log" 2>&1
         local t=$(peer_step "$out/peer_$name.log")
         log "peer $name ($*): median step ${t:-nan} s"
     }
