@@ -1,6 +1,7 @@
 /* Hand-written renderers of the known chat templates (see chat_template.h). Each follows its
- * Jinja source statement by statement for conversations without tools; Jinja's `trim` and
- * Python's str.strip family are reproduced with Python's notion of whitespace. */
+ * Jinja source statement by statement, the Qwen ones with their tool definitions, calls and tool
+ * turns (the Llama ones refuse tools); Jinja's `trim` and Python's str.strip family are reproduced
+ * with Python's notion of whitespace. */
 #include "chat_template.h"
 
 #include <stdbool.h>
@@ -230,30 +231,90 @@ static bool has_suffix(const char *s, const char *p)
     return n >= m && memcmp(s + n - m, p, m) == 0;
 }
 
-static int check_roles(const struct chat_message *msgs, int n)
+int chat_template_has_tools(const struct chat_template *t)
 {
-    for (int i = 0; i < n; i++)
-        if (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "user") && strcmp(msgs[i].role, "assistant"))
-            return sd_err("message %d: role '%s' is not supported (accepted: system, user, assistant)", i,
-                          msgs[i].role);
+    return t->family == CHAT_QWEN25 || t->family == CHAT_QWEN3;
+}
+
+static int check_roles(const struct chat_template *t, const struct chat_message *msgs, int n,
+                       const struct chat_tools *tools)
+{
+    bool with_tools = chat_template_has_tools(t);
+    if (!with_tools && tools && tools->n > 0)
+        return sd_err("tools: the %s template does not render tool definitions (tools are supported with "
+                      "the qwen3 and qwen2.5 templates)", chat_family_names[t->family]);
+    for (int i = 0; i < n; i++) {
+        const char *role = msgs[i].role;
+        bool tool_role = with_tools && !strcmp(role, "tool");
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool_role)
+            return sd_err("message %d: role '%s' is not supported (accepted: system, user, assistant%s)", i, role,
+                          with_tools ? ", tool" : "");
+        if (msgs[i].ntool_calls > 0 && (!with_tools || strcmp(role, "assistant")))
+            return sd_err("message %d: tool_calls %s", i,
+                          with_tools ? "belong to assistant turns"
+                                     : "are not rendered by this template (supported with qwen3 and qwen2.5)");
+    }
     return 0;
 }
 
 /* ---- Qwen --------------------------------------------------------------------------------- */
 
-static int render_qwen25(const struct chat_message *m, int n, struct chat_render *r)
+static const char QWEN_TOOLS_HEAD[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+static const char QWEN_TOOLS_TAIL[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n";
+
+/* The tool definitions' block of the system turn: each tool's JSON on a line of its own. */
+static int qwen_tools_block(struct chat_render *r, const struct chat_tools *tools)
+{
+    int rc = put(r, QWEN_TOOLS_HEAD);
+    for (int k = 0; k < tools->n; k++)
+        rc |= put(r, "\n") | put(r, tools->json[k]);
+    return rc | put(r, QWEN_TOOLS_TAIL);
+}
+
+/* One call: <tool_call>, the name and the arguments (Qwen3 writes string arguments as they are,
+ * Qwen2.5 always as JSON), </tool_call>. */
+static int qwen_tool_call(struct chat_render *r, const struct chat_tool_call *c, bool raw_string_arguments)
+{
+    const char *args = raw_string_arguments && c->arguments ? c->arguments : c->arguments_json;
+    return put(r, "<tool_call>\n{\"name\": \"") | put(r, c->name) | put(r, "\", \"arguments\": ") | put(r, args) |
+           put(r, "}\n</tool_call>");
+}
+
+/* A tool turn: consecutive ones share one user turn of <tool_response> blocks. */
+static int qwen_tool_turn(struct chat_render *r, const struct chat_message *m, int n, int i)
 {
     int rc = 0;
-    if (n > 0 && !strcmp(m[0].role, "system"))
-        rc |= put(r, "<|im_start|>system\n") | put(r, m[0].content) | put(r, "<|im_end|>\n");
-    else
-        rc |= put(r, "<|im_start|>system\n") | put(r, QWEN25_DEFAULT_SYSTEM) | put(r, "<|im_end|>\n");
+    if (i == 0 || strcmp(m[i - 1].role, "tool"))
+        rc |= put(r, "<|im_start|>user");
+    rc |= put(r, "\n<tool_response>\n") | put(r, m[i].content) | put(r, "\n</tool_response>");
+    if (i == n - 1 || strcmp(m[i + 1].role, "tool"))
+        rc |= put(r, "<|im_end|>\n");
+    return rc;
+}
+
+static int render_qwen25(const struct chat_message *m, int n, const struct chat_tools *tools, struct chat_render *r)
+{
+    int rc = put(r, "<|im_start|>system\n");
+    rc |= put(r, n > 0 && !strcmp(m[0].role, "system") ? m[0].content : QWEN25_DEFAULT_SYSTEM);
+    rc |= tools ? put(r, "\n\n") | qwen_tools_block(r, tools) : put(r, "<|im_end|>\n");
     for (int i = 0; i < n && rc == 0; i++) {
         if (!strcmp(m[i].role, "system") && i == 0)
             continue;
+        if (!strcmp(m[i].role, "tool")) {
+            rc |= qwen_tool_turn(r, m, n, i);
+            continue;
+        }
         rc |= put(r, "<|im_start|>") | put(r, m[i].role) | put(r, "\n");
         size_t start = r->len;
-        rc |= put(r, m[i].content) | put(r, "<|im_end|>");
+        rc |= put(r, m[i].content);
+        for (int k = 0; k < m[i].ntool_calls; k++)
+            rc |= (k > 0 || m[i].content[0] ? put(r, "\n") : 0) | qwen_tool_call(r, &m[i].tool_calls[k], false);
+        rc |= put(r, "<|im_end|>");
         if (!strcmp(m[i].role, "assistant"))
             rc |= span(r, start);
         rc |= put(r, "\n");
@@ -263,10 +324,14 @@ static int render_qwen25(const struct chat_message *m, int n, struct chat_render
 
 /* Qwen3: reasoning kept only on assistant turns after the last real user query; the last turn
  * always gets a think block. */
-static int render_qwen3(const struct chat_message *m, int n, struct chat_render *r)
+static int render_qwen3(const struct chat_message *m, int n, const struct chat_tools *tools, struct chat_render *r)
 {
     int rc = 0;
-    if (n > 0 && !strcmp(m[0].role, "system"))
+    bool system = n > 0 && !strcmp(m[0].role, "system");
+    if (tools)
+        rc |= put(r, "<|im_start|>system\n") | (system ? put(r, m[0].content) | put(r, "\n\n") : 0) |
+              qwen_tools_block(r, tools);
+    else if (system)
         rc |= put(r, "<|im_start|>system\n") | put(r, m[0].content) | put(r, "<|im_end|>\n");
     int last_query = n - 1;
     for (int i = n - 1; i >= 0; i--)
@@ -279,6 +344,10 @@ static int render_qwen3(const struct chat_message *m, int n, struct chat_render 
         const char *c = m[i].content;
         if (!strcmp(m[i].role, "user") || (!strcmp(m[i].role, "system") && i > 0)) {
             rc |= put(r, "<|im_start|>") | put(r, m[i].role) | put(r, "\n") | put(r, c) | put(r, "<|im_end|>\n");
+            continue;
+        }
+        if (!strcmp(m[i].role, "tool")) {
+            rc |= qwen_tool_turn(r, m, n, i);
             continue;
         }
         if (strcmp(m[i].role, "assistant") != 0)
@@ -303,6 +372,7 @@ static int render_qwen3(const struct chat_message *m, int n, struct chat_render 
                 ra = (size_t)(open - c) + strlen("<think>");
             strip_newlines(c, &ra, &rb, true, false);
         }
+        bool has_content = cb > ca; /* the template's `content`, before the think block's lstrip */
         rc |= put(r, "<|im_start|>assistant\n");
         size_t start = r->len;
         if (i > last_query && (i == n - 1 || rb > ra)) {
@@ -310,7 +380,10 @@ static int render_qwen3(const struct chat_message *m, int n, struct chat_render 
             strip_newlines(content, &ca, &cb, true, false);
             rc |= put(r, "<think>\n") | put_n(r, reasoning + ra, rb - ra) | put(r, "\n</think>\n\n");
         }
-        rc |= put_n(r, content + ca, cb - ca) | put(r, "<|im_end|>") | span(r, start) | put(r, "\n");
+        rc |= put_n(r, content + ca, cb - ca);
+        for (int k = 0; k < m[i].ntool_calls; k++)
+            rc |= (k > 0 || has_content ? put(r, "\n") : 0) | qwen_tool_call(r, &m[i].tool_calls[k], true);
+        rc |= put(r, "<|im_end|>") | span(r, start) | put(r, "\n");
     }
     return rc ? -1 : 0;
 }
@@ -353,13 +426,16 @@ static int render_llama31(const struct chat_template *t, const struct chat_messa
     return rc ? -1 : 0;
 }
 
-int chat_render(const struct chat_template *t, const struct chat_message *msgs, int n, struct chat_render *out)
+int chat_render(const struct chat_template *t, const struct chat_message *msgs, int n, const struct chat_tools *tools,
+                struct chat_render *out)
 {
-    if (check_roles(msgs, n) != 0)
+    if (check_roles(t, msgs, n, tools) != 0)
         return -1;
+    if (tools && tools->n == 0) /* the templates' `{% if tools %}`: an empty list is none */
+        tools = NULL;
     switch (t->family) {
-    case CHAT_QWEN25: return render_qwen25(msgs, n, out);
-    case CHAT_QWEN3: return render_qwen3(msgs, n, out);
+    case CHAT_QWEN25: return render_qwen25(msgs, n, tools, out);
+    case CHAT_QWEN3: return render_qwen3(msgs, n, tools, out);
     case CHAT_LLAMA3: return render_llama3(t, msgs, n, out);
     case CHAT_LLAMA31: return render_llama31(t, msgs, n, out);
     default: return sd_err("unknown chat family %d", (int)t->family);

@@ -2,8 +2,8 @@
  * apply_chat_template(messages, tokenize=False) renders the templates those models ship, by
  * hand-written renderers (no Jinja engine); the template text in tokenizer_config.json is
  * recognised by exact fingerprints. Each render also records the byte spans a model is trained
- * on: every assistant turn's content through its end-of-turn token. Used by `slidedp-data
- * tokenize`. */
+ * on: every assistant turn's content (with its tool calls) through its end-of-turn token. Used by
+ * `slidedp-data tokenize`. */
 #ifndef SD_CHAT_TEMPLATE_H
 #define SD_CHAT_TEMPLATE_H
 
@@ -20,10 +20,26 @@ struct chat_template {
                                      as in tokenizer_config.json, or --template */
 };
 
+/* One call of an assistant turn's tool_calls, with its JSON already written as the templates'
+ * `tojson` filter writes it (Python's json.dumps, ingest/pyjson.h). */
+struct chat_tool_call {
+    const char *name;
+    const char *arguments;        /* the arguments when they are a string (Qwen3 writes it as is), else NULL */
+    const char *arguments_json;   /* `arguments | tojson`, a string's or not */
+};
+
 struct chat_message {
-    const char *role;             /* system, user or assistant */
+    const char *role;             /* system, user, assistant or tool (Qwen) */
     const char *content;
     const char *reasoning;        /* Qwen3 reasoning_content, or NULL */
+    const struct chat_tool_call *tool_calls; /* an assistant turn's calls (Qwen), or NULL */
+    int ntool_calls;
+};
+
+/* The conversation's tool definitions, each as `tool | tojson` (Qwen). */
+struct chat_tools {
+    const char *const *json;
+    int n;
 };
 
 struct chat_render {
@@ -47,9 +63,13 @@ int chat_template_named(const char *name, struct chat_template *out);
  * they would be encoded as plain text); returns how many. */
 int chat_template_special_tokens(const struct chat_template *tpl, const char *const **tokens);
 
-/* Renders the conversation (appending to out, which starts empty). Fails on roles the family
- * does not accept. */
-int chat_render(const struct chat_template *tpl, const struct chat_message *msgs, int n, struct chat_render *out);
+/* Whether the family's template renders tool definitions, tool calls and tool turns. */
+int chat_template_has_tools(const struct chat_template *tpl);
+
+/* Renders the conversation (appending to out, which starts empty) with its tool definitions (NULL
+ * or none: no tools). Fails on roles and tool data the family does not accept. */
+int chat_render(const struct chat_template *tpl, const struct chat_message *msgs, int n,
+                const struct chat_tools *tools, struct chat_render *out);
 void chat_render_reset(struct chat_render *r);
 void chat_render_free(struct chat_render *r);
 

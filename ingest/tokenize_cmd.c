@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "ingest/chat_template.h"
 #include "ingest/pack.h"
+#include "ingest/pyjson.h"
 #include "ingest/tokenizer.h"
 
 enum format { FMT_AUTO, FMT_MESSAGES, FMT_SHAREGPT, FMT_ALPACA, FMT_PROMPT_COMPLETION, FMT_TEXT, FMT_COUNT };
@@ -183,6 +184,11 @@ struct worker {
     size_t *cuts, *cuts_norm;   /* the edges of the target spans */
     size_t cuts_cap;
     char *joined;               /* alpaca's instruction and input */
+    char **json;                /* the line's tojson texts: its tools first, then its calls' arguments */
+    int njson, json_cap;
+    struct chat_tool_call *calls; /* the line's tool calls, the messages' in order */
+    int calls_cap;
+    struct chat_tools tools;
 };
 
 static const char *get_string(const cJSON *obj, const char *key)
@@ -204,6 +210,68 @@ static bool template_truthy(const cJSON *v)
     return v->child != NULL || cJSON_IsTrue(v); /* a list or object with items */
 }
 
+/* Keeps `json | tojson` of a node for the line's render, or returns NULL. */
+static const char *keep_json(struct worker *w, const cJSON *node)
+{
+    if (w->njson == w->json_cap) {
+        int cap = w->json_cap ? w->json_cap * 2 : 16;
+        void *t = realloc(w->json, (size_t)cap * sizeof *w->json);
+        if (!t) {
+            sd_err("out of memory");
+            return NULL;
+        }
+        w->json = t;
+        w->json_cap = cap;
+    }
+    char *text = pyjson_dumps(node);
+    if (text)
+        w->json[w->njson++] = text;
+    return text;
+}
+
+static void forget_json(struct worker *w)
+{
+    for (int k = 0; k < w->njson; k++)
+        free(w->json[k]);
+    w->njson = 0;
+}
+
+/* An assistant turn's tool_calls into w->calls[*ncalls..]: each call an object, or one whose
+ * `function` object holds its name (a string) and arguments (any JSON). */
+static int read_tool_calls(struct worker *w, const cJSON *list, int i, int *ncalls)
+{
+    if (!cJSON_IsArray(list))
+        return sd_err("messages[%d]: tool_calls: needs a list", i);
+    const cJSON *item;
+    int k = 0;
+    cJSON_ArrayForEach(item, list)
+    {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(item, "function");
+        if (fn && !(cJSON_IsObject(fn) && fn->child)) /* Qwen3 tests it for truth, Qwen2.5 for presence */
+            return sd_err("messages[%d]: tool_calls[%d]: function: needs an object with name and arguments", i, k);
+        const cJSON *call = fn ? fn : item;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(call, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(call, "arguments");
+        if (!cJSON_IsObject(call) || !cJSON_IsString(name) || !args)
+            return sd_err("messages[%d]: tool_calls[%d]: needs a string name and arguments", i, k);
+        if (*ncalls == w->calls_cap) {
+            int cap = w->calls_cap ? w->calls_cap * 2 : 16;
+            void *t = realloc(w->calls, (size_t)cap * sizeof *w->calls);
+            if (!t)
+                return sd_err("out of memory");
+            w->calls = t;
+            w->calls_cap = cap;
+        }
+        const char *json = keep_json(w, args);
+        if (!json)
+            return sd_err_prefix("messages[%d]: tool_calls[%d]: arguments", i, k);
+        w->calls[(*ncalls)++] = (struct chat_tool_call){name->valuestring, cJSON_IsString(args) ? args->valuestring : NULL,
+                                                        json};
+        k++;
+    }
+    return 0;
+}
+
 static int add_message(struct worker *w, int *n, const char *role, const char *content, const char *reasoning)
 {
     if (*n == w->msgs_cap) {
@@ -214,14 +282,17 @@ static int add_message(struct worker *w, int *n, const char *role, const char *c
         w->msgs = m;
         w->msgs_cap = cap;
     }
-    w->msgs[(*n)++] = (struct chat_message){role, content, reasoning};
+    w->msgs[(*n)++] = (struct chat_message){role, content, reasoning, NULL, 0};
     return 0;
 }
 
-/* The conversation of a messages / sharegpt / alpaca line, into w->msgs. */
-static int read_conversation(struct worker *w, enum format fmt, const cJSON *obj, int *n)
+/* The conversation of a messages / sharegpt / alpaca line (`obj`, parsed from text[0..len)), into
+ * w->msgs, and its tool definitions into w->tools. */
+static int read_conversation(struct worker *w, enum format fmt, cJSON *obj, const char *text, size_t len, int *n)
 {
     *n = 0;
+    forget_json(w);
+    w->tools = (struct chat_tools){NULL, 0};
     if (fmt == FMT_ALPACA) {
         const char *instruction = get_string(obj, "instruction"), *input = get_string(obj, "input");
         const char *output = get_string(obj, "output"), *system = get_string(obj, "system");
@@ -243,17 +314,43 @@ static int read_conversation(struct worker *w, enum format fmt, const cJSON *obj
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(obj, list_key);
     if (!cJSON_IsArray(list))
         return sd_err("%s: needs a '%s' list", format_names[fmt], list_key);
-    /* tool definitions and calls are not rendered yet: refused rather than silently dropped (null or
-     * empty ones, as exports often carry, render nothing and pass) */
-    static const char tools_unsupported[] = "tool definitions and tool calls are not supported yet";
-    if (template_truthy(cJSON_GetObjectItemCaseSensitive(obj, "tools")))
-        return sd_err("tools: %s", tools_unsupported);
+    /* tool data the render would drop is refused (null or empty fields, as exports often carry,
+     * render nothing in the templates and pass) */
+    bool has_tools = chat_template_has_tools(&w->job->tpl);
+    const char *no_tools = has_tools ? "tool data is read from the messages format (tools, tool_calls, role tool)"
+                                     : "the chat template does not render tools (supported with qwen3 and qwen2.5)";
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(obj, "tools");
+    bool tool_data = template_truthy(tools);
     const cJSON *m;
-    int i = 0;
+    cJSON_ArrayForEach(m, list) tool_data |= template_truthy(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"));
+    if (tool_data && has_tools && !sharegpt && pyjson_keep_number_lexemes(obj, text, len) != 0)
+        return -1;
+    if (template_truthy(tools)) {
+        if (sharegpt || !has_tools)
+            return sd_err("tools: %s", no_tools);
+        if (!cJSON_IsArray(tools))
+            return sd_err("tools: needs a list of tool definitions");
+        const cJSON *tool;
+        int k = 0;
+        cJSON_ArrayForEach(tool, tools)
+        {
+            if (!keep_json(w, tool))
+                return sd_err_prefix("tools[%d]", k);
+            k++;
+        }
+        w->tools = (struct chat_tools){(const char *const *)w->json, w->njson};
+    }
+    int i = 0, ncalls = 0;
     cJSON_ArrayForEach(m, list)
     {
         const char *role = get_string(m, sharegpt ? "from" : "role");
         const char *content = get_string(m, sharegpt ? "value" : "content");
+        const cJSON *calls = sharegpt ? NULL : cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        bool with_calls = template_truthy(calls);
+        /* an assistant turn of calls alone may carry a null or no content (OpenAI's exports) */
+        if (role && !strcmp(role, "assistant") && with_calls && !content &&
+            (!cJSON_GetObjectItemCaseSensitive(m, "content") || cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(m, "content"))))
+            content = "";
         if (!role || !content)
             return sd_err("%s[%d]: needs string fields %s", list_key, i, sharegpt ? "from and value" : "role and content");
         if (sharegpt) {
@@ -266,20 +363,30 @@ static int read_conversation(struct worker *w, enum format fmt, const cJSON *obj
             if (!mapped)
                 return sd_err("conversations[%d]: unknown role '%s' (accepted: human, gpt, system)", i, role);
             role = mapped;
-        } else if (!strcmp(role, "tool") || !strcmp(role, "function") || !strcmp(role, "ipython")) {
-            return sd_err("messages[%d]: role '%s': %s (accepted roles: system, user, assistant)", i, role,
-                          tools_unsupported);
-        } else if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")) {
-            return sd_err("messages[%d]: unknown role '%s' (accepted: system, user, assistant)", i, role);
+        } else if (!strcmp(role, "function") || !strcmp(role, "ipython") || (!strcmp(role, "tool") && !has_tools)) {
+            return sd_err("messages[%d]: role '%s': %s", i, role,
+                          has_tools ? "give tool results as role tool" : no_tools);
+        } else if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "tool")) {
+            return sd_err("messages[%d]: unknown role '%s' (accepted: system, user, assistant%s)", i, role,
+                          has_tools ? ", tool" : "");
         }
-        if (!sharegpt && (template_truthy(cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) ||
-                          template_truthy(cJSON_GetObjectItemCaseSensitive(m, "function_call"))))
-            return sd_err("messages[%d]: %s (the turn's calls would be dropped from its target)", i,
-                          tools_unsupported);
+        if (!sharegpt && template_truthy(cJSON_GetObjectItemCaseSensitive(m, "function_call")))
+            return sd_err("messages[%d]: function_call: %s", i,
+                          has_tools ? "give calls as tool_calls (OpenAI's current form)" : no_tools);
+        if (with_calls && (!has_tools || strcmp(role, "assistant")))
+            return sd_err("messages[%d]: tool_calls: %s", i, has_tools ? "belong to assistant turns" : no_tools);
+        int first_call = ncalls;
+        if (with_calls && read_tool_calls(w, calls, i, &ncalls) != 0)
+            return -1;
         if (add_message(w, n, role, content, sharegpt ? NULL : get_string(m, "reasoning_content")) != 0)
             return -1;
+        /* an index until the calls stop growing; made pointers below */
+        w->msgs[*n - 1].tool_calls = (const struct chat_tool_call *)(intptr_t)first_call;
+        w->msgs[*n - 1].ntool_calls = ncalls - first_call;
         i++;
     }
+    for (int k = 0; k < *n; k++)
+        w->msgs[k].tool_calls = w->msgs[k].ntool_calls ? w->calls + (intptr_t)w->msgs[k].tool_calls : NULL;
     if (*n == 0)
         return sd_err("%s: the conversation is empty", list_key);
     return 0;
@@ -379,10 +486,10 @@ static int encode_line(struct worker *w, struct batch *b, const char *line, size
         free(joined);
     } else if (rc == 0) {
         int n;
-        rc = read_conversation(w, fmt, obj, &n);
+        rc = read_conversation(w, fmt, obj, line, (size_t)(end - line), &n);
         chat_render_reset(&w->render);
         if (rc == 0)
-            rc = chat_render(&j->tpl, w->msgs, n, &w->render);
+            rc = chat_render(&j->tpl, w->msgs, n, &w->tools, &w->render);
         *no_assistant = rc == 0 && !j->opt.train_all && w->render.nspans == 0;
         if (rc == 0 && !*no_assistant)
             rc = emit(w, b, w->render.text, w->render.len, j->opt.train_all, (const size_t(*)[2])w->render.spans,
@@ -767,6 +874,9 @@ static int encode_all(struct job *j)
         free(w[t].cuts);
         free(w[t].cuts_norm);
         free(w[t].joined);
+        forget_json(&w[t]);
+        free(w[t].json);
+        free(w[t].calls);
     }
     free(w);
     free(th);

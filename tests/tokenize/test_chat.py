@@ -10,7 +10,11 @@ of the render and recorded (the patched render minus the markers must equal the 
 Masks follow transformers' rule: the tokens from charToToken(span start) to charToToken(span
 end - 1). 60 seeded conversations per template: multi-turn, with and without a system message,
 think blocks, reasoning_content, leading and trailing whitespace, non-ASCII text, special-token
-strings inside contents."""
+strings inside contents. The Qwen templates get 40 more with tools: tool definitions, assistant
+turns of tool calls (nested or flat, arguments as JSON or as a string, content empty, null or
+text) and tool turns, the JSON written by hand with number lexemes, escapes, spacing and duplicate
+keys that json.dumps would not write, so that the render's `tojson` is checked against Python's
+json.dumps(json.loads(...)). A null content is rendered as "" (Qwen3's template fails on it)."""
 import json
 import os
 import random
@@ -28,9 +32,11 @@ import tokutil  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 START, END = "\ue000", "\ue001"
+START_AFTER_NEWLINE = "\ue002"  # a span that starts after the next newline of the render
 DATE = "26 Jul 2024"
 SEED = 4242
 CONVERSATIONS = 60
+TOOL_CONVERSATIONS = 40
 
 # Patches that put the span markers into each real template: (old, new, expected count).
 QWEN3_PATCHES = [
@@ -44,6 +50,10 @@ QWEN25_PATCHES = [
     ("{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}",
      f"{{{{- '<|im_start|>' + message.role + '\\n' + (('{START}' + message.content + '<|im_end|>{END}') "
      f"if message.role == 'assistant' else (message.content + '<|im_end|>')) + '\\n' }}}}", 1),
+    # the turn of tool calls: '<|im_start|>assistant', then '\n' + content or '\n<tool_call>...'
+    ("{{- '<|im_start|>' + message.role }}", f"{{{{- '<|im_start|>' + message.role + '{START_AFTER_NEWLINE}' }}}}", 1),
+    ("{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}",
+     f"{{{{- '<|im_end|>{END}\\n' }}}}\n    {{%- elif message.role == \"tool\" %}}", 1),
 ]
 def llama_patches(newline):
     """Llama 3's templates write the header's blank line as real newlines, Llama 3.1's as escapes."""
@@ -92,6 +102,81 @@ def random_conversation(rng, family):
     return msgs
 
 
+# JSON lexemes json.dumps would write otherwise (json.loads then json.dumps is what tojson gives)
+RAW_NUMBERS = ["0", "-0", "7", "-17", "1.0", "2.50", "1e5", "1E+05", "-1.5e-7", "0.1", "1e16", "1e15", "1e-05",
+               "0.0001", "123456789012345678901234567890", "3.141592653589793", "1e400", "-1e400", "-0.0",
+               "5e-324", "0.30000000000000004", "1.7976931348623157e308", "100.0", "12345678.9"]
+RAW_STRINGS = ['"Paris"', '"caf\\u00e9"', '"line\\nbreak"', '"quote \\" and \\\\ slash"', '"ctrl \\u0001\\u001f"',
+               '"\\/slash"', '"中文 текст"', '"tab\\there"', '""', '"<tool_call> </tool_call>"', '"emoji 🙂"',
+               '"\\ud83d\\ude80 pair"', '"del \\u007f"']
+KEYS = ["city", "unit", "days", "q", "limit", "nested", "ünï", "a b"]
+SPACES = ["", " ", "  ", "\t"]
+
+
+def raw_json(rng, depth=0):
+    """A JSON value as text, spaced and written as a user's file might write it."""
+    sp = lambda: rng.choice(SPACES)  # noqa: E731
+    r = rng.random()
+    if depth >= 3 or r < 0.45:
+        return rng.choice([rng.choice(RAW_NUMBERS), rng.choice(RAW_STRINGS), rng.choice(["true", "false", "null"])])
+    if r < 0.8:
+        keys = [rng.choice(KEYS) for _ in range(rng.randint(0, 3))]  # duplicates: the last value, first place
+        items = [f'{sp()}"{k}"{sp()}:{sp()}{raw_json(rng, depth + 1)}{sp()}' for k in keys]
+        return "{" + ",".join(items) + sp() + "}"
+    return "[" + ",".join(f"{sp()}{raw_json(rng, depth + 1)}{sp()}" for _ in range(rng.randint(0, 3))) + "]"
+
+
+def raw_tool(rng, name):
+    params = raw_json(rng, 1) if rng.random() < 0.3 else (
+        '{"type": "object", "properties": {"city": {"type": "string", "description": "a city"}, '
+        f'"days": {{"type": "integer", "minimum": {rng.choice(RAW_NUMBERS)}}}}}, "required": ["city"]}}')
+    fn = f'{{"name": "{name}", "description": {rng.choice(RAW_STRINGS)}, "parameters": {params}}}'
+    return f'{{"type": "function", "function": {fn}}}' if rng.random() < 0.8 else fn
+
+
+def raw_call(rng, name):
+    if rng.random() < 0.3:  # arguments as a string holding JSON (Qwen3 writes it as it is)
+        args = json.dumps(raw_json(rng, 1))
+    else:
+        args = "{" + ", ".join(f'"{rng.choice(KEYS)}": {raw_json(rng, 1)}' for _ in range(rng.randint(0, 3))) + "}"
+    body = f'{{"name": "{name}", "arguments":{rng.choice(SPACES)}{args}}}'
+    return f'{{"id": "call_{rng.randint(0, 999)}", "type": "function", "function": {body}}}' if rng.random() < 0.7 \
+        else body
+
+
+def random_tool_line(rng, family):
+    """A messages line with tool data, as JSON text."""
+    names = ["get_weather", "search", "convert_units"][:rng.randint(1, 3)]
+    msgs = []
+    if rng.random() < 0.5:
+        msgs.append(json.dumps({"role": "system", "content": random_content(rng)}, ensure_ascii=False))
+    for _ in range(rng.randint(1, 2)):
+        msgs.append(json.dumps({"role": "user", "content": random_content(rng)}, ensure_ascii=False))
+        calls = [raw_call(rng, rng.choice(names)) for _ in range(rng.randint(1, 3))]
+        content = rng.choice(['""', "null", json.dumps(random_content(rng), ensure_ascii=False)])
+        if family == "qwen3" and rng.random() < 0.3:
+            content = json.dumps(f"<think>\n{random_content(rng)}\n</think>\n\n{random_content(rng)}", ensure_ascii=False)
+        msg = f'{{"role": "assistant", "content": {content}, "tool_calls": [{", ".join(calls)}]}}'
+        if content == "null" and rng.random() < 0.5:
+            msg = f'{{"role": "assistant", "tool_calls": [{", ".join(calls)}]}}'
+        msgs.append(msg)
+        for _ in calls[:rng.randint(1, len(calls))]:
+            msgs.append(json.dumps({"role": "tool", "content": rng.choice([random_content(rng), '{"temp": 21.5}'])},
+                                   ensure_ascii=False))
+        msgs.append(json.dumps({"role": "assistant", "content": random_content(rng)}, ensure_ascii=False))
+    line = '{"messages": [' + ", ".join(msgs) + "]"
+    if rng.random() < 0.85:
+        line += ', "tools": [' + ", ".join(raw_tool(rng, n) for n in names) + "]"
+    return line + "}"
+
+
+def reference_messages(line):
+    """What transformers renders for the line: json.loads, a null or missing content as \"\"."""
+    obj = json.loads(line)
+    msgs = [dict(m, content=m.get("content") or "") for m in obj["messages"]]
+    return msgs, obj.get("tools")
+
+
 def jinja_template(source):
     """The template compiled as transformers' _compile_jinja_template compiles it."""
     def raise_exception(message):
@@ -114,22 +199,27 @@ def patch(source, patches):
     return source
 
 
-def render(template, config, msgs):
+def render(template, config, msgs, tools=None):
     special = {k: config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-    return template.render(messages=msgs, tools=None, documents=None, add_generation_prompt=False,
+    return template.render(messages=msgs, tools=tools, documents=None, add_generation_prompt=False,
                            date_string=DATE, **special)
 
 
 def spans_of(marked):
     """Cuts the markers out: the text and the [start, end) code-point spans they enclosed."""
-    text, spans = [], []
+    text, spans, after_newline = [], [], False
     for ch in marked:
         if ch == START:
             spans.append([len(text), None])
+        elif ch == START_AFTER_NEWLINE:
+            after_newline = True
         elif ch == END:
             spans[-1][1] = len(text)
         else:
             text.append(ch)
+            if after_newline and ch == "\n":
+                spans.append([len(text), None])
+                after_newline = False
     assert all(e is not None for _, e in spans), "unbalanced markers"
     return "".join(text), spans
 
@@ -139,18 +229,21 @@ def check_template(scratch, files, rng):
     config = json.load(open(os.path.join(d, "tokenizer_config.json")))
     plain = jinja_template(config["chat_template"])
     marked = jinja_template(patch(config["chat_template"], TEMPLATES[files]))
-    convs, items = [], []
-    for _ in range(CONVERSATIONS):
-        msgs = random_conversation(rng, files)
-        text, spans = spans_of(render(marked, config, msgs))
-        assert text == render(plain, config, msgs), "the span markers changed the render"
+    lines, items = [], []
+    tools_too = files in ("qwen3", "qwen2.5")
+    for k in range(CONVERSATIONS + (TOOL_CONVERSATIONS if tools_too else 0)):
+        line = json.dumps({"messages": random_conversation(rng, files)}) if k < CONVERSATIONS \
+            else random_tool_line(rng, files)
+        msgs, tools = reference_messages(line)
+        text, spans = spans_of(render(marked, config, msgs, tools))
+        assert text == render(plain, config, msgs, tools), "the span markers changed the render"
         assert spans, "no assistant span"
-        convs.append(msgs)
+        lines.append(line)
         items.append({"text": text, "spans": spans})
     src = os.path.join(scratch, "chat.jsonl")
     with open(src, "w") as f:
-        for msgs in convs:
-            f.write(json.dumps({"messages": msgs}) + "\n")
+        for line in lines:
+            f.write(line + "\n")
     with open(os.path.join(scratch, "renders.json"), "w") as f:
         json.dump(items, f)
     subprocess.run(["node", os.path.join(HERE, "ref_chat.mjs"), os.path.abspath(tokutil.NODE_MODULES), d,
@@ -162,7 +255,7 @@ def check_template(scratch, files, rng):
         tokutil.run_tokenize(["--model", d, "--in", src, "--out", out, "--format", "messages", "--date", DATE,
                               "--train-on", train_on, "--threads", "2"])
         docs = tokutil.documents(*tokutil.read_shard(out))
-        assert len(docs) == len(convs)
+        assert len(docs) == len(lines)
         bad = 0
         for i, ((ids, flags), r) in enumerate(zip(docs, ref)):
             mask = [f & tokutil.FLAG_LOSS for f in flags]
@@ -173,7 +266,7 @@ def check_template(scratch, files, rng):
                 if bad <= 3:
                     print(f"  MISMATCH {files} --train-on {train_on} #{i}: {items[i]['text']!r}\n"
                           f"    ids equal: {ids == r['ids']}\n    ours mask {mask}\n    want mask {want}")
-        print(f"{files}: {len(convs) - bad}/{len(convs)} conversations identical (render, ids, "
+        print(f"{files}: {len(lines) - bad}/{len(lines)} conversations identical (render, ids, "
               f"--train-on {train_on} mask)", flush=True)
         failures += bad
     return failures

@@ -155,14 +155,33 @@ def check_bad_input(c, llama, qwen):
     refused(llama, [good, {"messages": [{"role": "robot", "content": "beep"}]}], "in.jsonl:2: ")
     refused(llama, [good, {"messages": [{"role": "robot", "content": "beep"}]}], "unknown role 'robot'")
     refused(llama, [{"conversations": [{"from": "alien", "value": "x"}]}], "unknown role 'alien'")
-    # tool data is refused, never silently dropped from the render; null or empty tool fields (as
-    # exports carry) render nothing, as the templates' `if` gives, and change nothing
+    # tool data a template does not render is refused, never silently dropped (test_chat.py checks
+    # the renders of the tool data the Qwen templates take); null or empty tool fields (as exports
+    # carry) render nothing, as the templates' `if` gives, and change nothing
     call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
     ask = {"role": "user", "content": "Weather in Paris?"}
-    refused(qwen, [good, {"messages": [ask, {"role": "assistant", "content": "", "tool_calls": [call]}]}],
-            "in.jsonl:2: messages[1]: tool definitions and tool calls are not supported yet")
-    refused(qwen, [{"messages": [ask, {"role": "tool", "content": "sunny"}]}], "role 'tool'")
-    refused(qwen, [{"tools": [call["function"]], "messages": CONVERSATIONS[0]}], "tools: ")
+    calling = {"role": "assistant", "content": "", "tool_calls": [call]}
+    refused(llama, [good, {"messages": [ask, calling]}],
+            "in.jsonl:2: messages[1]: tool_calls: the chat template does not render tools")
+    refused(llama, [{"messages": [ask, {"role": "tool", "content": "sunny"}]}], "role 'tool'")
+    refused(llama, [{"tools": [call["function"]], "messages": CONVERSATIONS[0]}], "tools: ")
+    refused(qwen, [{"tools": [call["function"]], "conversations": [{"from": "human", "value": "hi"}]}],
+            "tools: tool data is read from the messages format", "--format", "sharegpt")
+    refused(qwen, [{"messages": [ask, {"role": "function", "content": "sunny"}]}], "give tool results as role tool")
+    refused(qwen, [{"messages": [ask, dict(calling, tool_calls=None, function_call={"name": "f", "arguments": "{}"})]}],
+            "function_call: give calls as tool_calls")
+    refused(qwen, [{"messages": [dict(ask, tool_calls=[call])]}], "tool_calls: belong to assistant turns")
+    refused(qwen, [{"messages": [ask, dict(calling, tool_calls={"name": "f"})]}], "tool_calls: needs a list")
+    refused(qwen, [{"messages": [ask, dict(calling, tool_calls=[{"name": "f"}])]}],
+            "tool_calls[0]: needs a string name and arguments")
+    refused(qwen, [{"messages": [ask, dict(calling, tool_calls=[{"function": {}}])]}],
+            "tool_calls[0]: function: needs an object")
+    refused(qwen, [{"tools": {"name": "f"}, "messages": CONVERSATIONS[0]}], "tools: needs a list")
+    # a call-only turn may have a null content, as OpenAI's exports write it: rendered as empty
+    c.tokenize(qwen, [{"messages": [ask, calling]}])
+    empty = c.shard()
+    c.tokenize(qwen, [{"messages": [ask, dict(calling, content=None)]}])
+    c.check(c.shard() == empty, "a tool-call turn with content null: the shard of content \"\"")
     c.tokenize(qwen, [{"messages": CONVERSATIONS[0]}])
     plain = c.shard()
     empty_tools = [dict(m, tool_calls=None, function_call=None) if m["role"] == "assistant" else m
