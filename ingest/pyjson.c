@@ -34,7 +34,7 @@ static int next_number(struct scan *s, size_t *start, size_t *n)
             for (s->pos++; s->pos < s->len && s->text[s->pos] != '"'; s->pos++)
                 if (s->text[s->pos] == '\\') {
                     if (s->len - s->pos >= 6 && !memcmp(s->text + s->pos + 1, "u0000", 5))
-                        return sd_err("a JSON string holds \\u0000, which cannot be kept");
+                        return sd_err("a JSON string holds \\u0000 (NUL), which would cut the string there: remove it");
                     s->pos++;
                 }
             s->pos++;
@@ -87,6 +87,19 @@ int pyjson_keep_number_lexemes(cJSON *root, const char *text, size_t len)
         return -1;
     int r = next_number(&s, &start, &n);
     return r < 0 ? -1 : r ? sd_err("the JSON text has more numbers than its tree") : 0;
+}
+
+int pyjson_check_nul(const char *text, size_t len)
+{
+    static const char nul[] = "\\u0000";
+    if (!memmem(text, len, nul, sizeof nul - 1)) /* the common case: no scan */
+        return 0;
+    struct scan s = {text, len, 0};
+    size_t start, n;
+    int r;
+    while ((r = next_number(&s, &start, &n)) > 0)
+        ;
+    return r;
 }
 
 /* ---- output ------------------------------------------------------------------------------- */

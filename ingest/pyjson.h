@@ -17,6 +17,10 @@
  * NUL, so such a string cannot be written back). */
 int pyjson_keep_number_lexemes(cJSON *root, const char *text, size_t len);
 
+/* 0, or -1 with sd_err when a string of the JSON text holds \u0000: cJSON's strings end at their
+ * first NUL, so the rest of such a string would be lost without a word. */
+int pyjson_check_nul(const char *text, size_t len);
+
 /* json.dumps(json.loads(source of item), ensure_ascii=False): separators ", " and ": ", keys in
  * input order, a repeated key at its first place with its last value, integers with their exact
  * digits, floats as Python's repr, non-ASCII written as is. Returns a NUL-terminated malloc'd

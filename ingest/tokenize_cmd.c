@@ -467,7 +467,7 @@ static int encode_line(struct worker *w, struct batch *b, const char *line, size
     }
     while (end < line + len && (*end == ' ' || *end == '\t' || *end == '\r'))
         end++;
-    int rc = end == line + len ? 0 : sd_err("trailing characters after the JSON object");
+    int rc = end == line + len ? pyjson_check_nul(line, len) : sd_err("trailing characters after the JSON object");
     enum format fmt = j->opt.format;
     if (rc == 0 && fmt == FMT_TEXT) {
         const char *text = get_string(obj, "text");

@@ -192,6 +192,10 @@ def check_bad_input(c, llama, qwen):
     refused(llama, [], "empty")
     refused(llama, ["", "  "], "empty")
     refused(llama, [{"text": "x"}, {"text": 5}], "in.jsonl:2: text: needs a string field text")
+    # cJSON's strings end at a NUL: a \u0000 is refused rather than the rest of its string lost
+    refused(llama, [{"text": "x"}, {"text": "cut\u0000here"}], "in.jsonl:2: a JSON string holds \\u0000")
+    c.tokenize(llama, [{"text": "an escaped backslash, then u0000: \\u0000"}])
+    c.check(len(tokutil.documents(*c.shard())) == 1, "a \\\\u0000 (a backslash, then text) is no NUL and passes")
     small = bad_model(c, llama, "small_vocab", None)
     json.dump({"vocab_size": 1000}, open(os.path.join(small, "config.json"), "w"))
     refused(small, [{"text": "hello world"}], "not below the config's vocab_size 1000")
