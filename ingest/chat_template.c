@@ -1,6 +1,6 @@
 /* Hand-written renderers of the known chat templates (see chat_template.h). Each follows its
- * Jinja source statement by statement, the Qwen ones with their tool definitions, calls and tool
- * turns (the Llama ones refuse tools); Jinja's `trim` and Python's str.strip family are reproduced
+ * Jinja source statement by statement, the Qwen and Llama 3.1 ones with their tool definitions,
+ * calls and tool turns (the first Llama 3 templates have none); Jinja's `trim` and Python's str.strip family are reproduced
  * with Python's notion of whitespace. */
 #include "chat_template.h"
 
@@ -233,7 +233,7 @@ static bool has_suffix(const char *s, const char *p)
 
 int chat_template_has_tools(const struct chat_template *t)
 {
-    return t->family == CHAT_QWEN25 || t->family == CHAT_QWEN3;
+    return t->family == CHAT_QWEN25 || t->family == CHAT_QWEN3 || t->family == CHAT_LLAMA31;
 }
 
 static int check_roles(const struct chat_template *t, const struct chat_message *msgs, int n,
@@ -242,17 +242,17 @@ static int check_roles(const struct chat_template *t, const struct chat_message 
     bool with_tools = chat_template_has_tools(t);
     if (!with_tools && tools && tools->n > 0)
         return sd_err("tools: the %s template does not render tool definitions (tools are supported with "
-                      "the qwen3 and qwen2.5 templates)", chat_family_names[t->family]);
+                      "the qwen3, qwen2.5 and llama3.1 templates)", chat_family_names[t->family]);
     for (int i = 0; i < n; i++) {
         const char *role = msgs[i].role;
-        bool tool_role = with_tools && !strcmp(role, "tool");
+        bool tool_role = with_tools && (!strcmp(role, "tool") || (t->family == CHAT_LLAMA31 && !strcmp(role, "ipython")));
         if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool_role)
             return sd_err("message %d: role '%s' is not supported (accepted: system, user, assistant%s)", i, role,
                           with_tools ? ", tool" : "");
         if (msgs[i].ntool_calls > 0 && (!with_tools || strcmp(role, "assistant")))
             return sd_err("message %d: tool_calls %s", i,
                           with_tools ? "belong to assistant turns"
-                                     : "are not rendered by this template (supported with qwen3 and qwen2.5)");
+                                     : "are not rendered by this template (supported with qwen3, qwen2.5 and llama3.1)");
     }
     return 0;
 }
@@ -410,19 +410,50 @@ static int render_llama3(const struct chat_template *t, const struct chat_messag
     return rc ? -1 : 0;
 }
 
-static int render_llama31(const struct chat_template *t, const struct chat_message *m, int n, struct chat_render *r)
+static const char LLAMA31_TOOLS_HEAD[] =
+    "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
+    "function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
+    "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n";
+
+/* Llama 3.1/3.2 with transformers' defaults: the tool definitions (if a tools list is given) in the
+ * first user turn; a tool call as a turn of JSON alone; tool results as ipython turns. */
+static int render_llama31(const struct chat_template *t, const struct chat_message *m, int n,
+                          const struct chat_tools *tools, struct chat_render *r)
 {
     int rc = put(r, t->bos_token) | put(r, "<|start_header_id|>system<|end_header_id|>\n\n") |
-             put(r, "Cutting Knowledge Date: December 2023\n") | put(r, "Today Date: ") | put(r, t->date) |
-             put(r, "\n\n");
+             (tools ? put(r, "Environment: ipython\n") : 0) | put(r, "Cutting Knowledge Date: December 2023\n") |
+             put(r, "Today Date: ") | put(r, t->date) | put(r, "\n\n");
     int first = 0;
     if (n > 0 && !strcmp(m[0].role, "system")) {
         rc |= put_trimmed(r, m[0].content);
         first = 1;
     }
     rc |= put(r, "<|eot_id|>");
-    for (int i = first; i < n && rc == 0; i++)
-        rc |= llama_turn(r, &m[i]);
+    if (tools) {
+        /* the template takes the first message after the system one as the user's, whatever it is */
+        if (first == n || strcmp(m[first].role, "user"))
+            return sd_err("message %d: with tools the llama3.1 template writes them into the first user turn, "
+                          "so the conversation must begin (after the system message) with a user turn", first);
+        rc |= put(r, LLAMA31_TOOLS_HEAD);
+        for (int k = 0; k < tools->n; k++)
+            rc |= put(r, tools->json[k]) | put(r, "\n\n");
+        rc |= put_trimmed(r, m[first].content) | put(r, "<|eot_id|>");
+        first++;
+    }
+    for (int i = first; i < n && rc == 0; i++) {
+        if (!strcmp(m[i].role, "tool") || !strcmp(m[i].role, "ipython")) {
+            rc |= put(r, "<|start_header_id|>ipython<|end_header_id|>\n\n") | put(r, m[i].content) |
+                  put(r, "<|eot_id|>");
+        } else if (m[i].ntool_calls > 0) {
+            const struct chat_tool_call *c = &m[i].tool_calls[0];
+            rc |= put(r, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+            size_t start = r->len;
+            rc |= put(r, "{\"name\": \"") | put(r, c->name) | put(r, "\", \"parameters\": ") | put(r, c->arguments_json) |
+                  put(r, "}<|eot_id|>") | span(r, start);
+        } else {
+            rc |= llama_turn(r, &m[i]);
+        }
+    }
     return rc ? -1 : 0;
 }
 
@@ -431,13 +462,13 @@ int chat_render(const struct chat_template *t, const struct chat_message *msgs, 
 {
     if (check_roles(t, msgs, n, tools) != 0)
         return -1;
-    if (tools && tools->n == 0) /* the templates' `{% if tools %}`: an empty list is none */
-        tools = NULL;
+    /* Qwen's `{% if tools %}`: an empty list is none; Llama 3.1's `tools is not none` takes it */
+    const struct chat_tools *qwen_tools = tools && tools->n > 0 ? tools : NULL;
     switch (t->family) {
-    case CHAT_QWEN25: return render_qwen25(msgs, n, tools, out);
-    case CHAT_QWEN3: return render_qwen3(msgs, n, tools, out);
+    case CHAT_QWEN25: return render_qwen25(msgs, n, qwen_tools, out);
+    case CHAT_QWEN3: return render_qwen3(msgs, n, qwen_tools, out);
     case CHAT_LLAMA3: return render_llama3(t, msgs, n, out);
-    case CHAT_LLAMA31: return render_llama31(t, msgs, n, out);
+    case CHAT_LLAMA31: return render_llama31(t, msgs, n, tools, out);
     default: return sd_err("unknown chat family %d", (int)t->family);
     }
 }

@@ -29,14 +29,15 @@ struct chat_tool_call {
 };
 
 struct chat_message {
-    const char *role;             /* system, user, assistant or tool (Qwen) */
+    const char *role;             /* system, user, assistant, tool (Qwen, Llama 3.1) or ipython (Llama 3.1) */
     const char *content;
     const char *reasoning;        /* Qwen3 reasoning_content, or NULL */
-    const struct chat_tool_call *tool_calls; /* an assistant turn's calls (Qwen), or NULL */
+    const struct chat_tool_call *tool_calls; /* an assistant turn's calls, or NULL */
     int ntool_calls;
 };
 
-/* The conversation's tool definitions, each as `tool | tojson` (Qwen). */
+/* The conversation's tool definitions, each as the template's `tool | tojson` writes it (Llama 3.1:
+ * indent=4). Given with none, Llama 3.1 still writes its tools block (its `tools is not none`). */
 struct chat_tools {
     const char *const *json;
     int n;
@@ -66,8 +67,8 @@ int chat_template_special_tokens(const struct chat_template *tpl, const char *co
 /* Whether the family's template renders tool definitions, tool calls and tool turns. */
 int chat_template_has_tools(const struct chat_template *tpl);
 
-/* Renders the conversation (appending to out, which starts empty) with its tool definitions (NULL
- * or none: no tools). Fails on roles and tool data the family does not accept. */
+/* Renders the conversation (appending to out, which starts empty) with its tool definitions (NULL:
+ * no tools list). Fails on roles and tool data the family does not accept. */
 int chat_render(const struct chat_template *tpl, const struct chat_message *msgs, int n,
                 const struct chat_tools *tools, struct chat_render *out);
 void chat_render_reset(struct chat_render *r);

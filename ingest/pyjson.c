@@ -276,7 +276,23 @@ static int put_float(struct buf *b, const char *lex)
     return put(b, out);
 }
 
-static int put_value(struct buf *b, const cJSON *item);
+static int put_value(struct buf *b, const cJSON *item, int indent, int depth);
+
+/* Between a container's items: ", " on one line, or with an indent ",", a newline and the items'
+ * indentation (`first`: the opening's newline, no comma; `close`: the closing's, one level out). */
+static int put_break(struct buf *b, int indent, int depth, bool first, bool close)
+{
+    if (!indent)
+        return first || close ? 0 : put(b, ", ");
+    if (!first && !close && put(b, ",") < 0)
+        return -1;
+    if (put(b, "\n") < 0)
+        return -1;
+    for (int k = 0; k < indent * (close ? depth : depth + 1); k++)
+        if (put(b, " ") < 0)
+            return -1;
+    return 0;
+}
 
 struct key_slot {
     const char *key;
@@ -291,7 +307,7 @@ static int key_order(const void *a, const void *b)
 }
 
 /* A dict from the object's pairs: each key at its first place, with the value of its last. */
-static int put_object(struct buf *b, const cJSON *obj)
+static int put_object(struct buf *b, const cJSON *obj, int indent, int depth)
 {
     size_t n = 0;
     for (const cJSON *c = obj->child; c; c = c->next)
@@ -316,16 +332,18 @@ static int put_object(struct buf *b, const cJSON *obj)
             e++;
         value_at[slots[g].index] = children[slots[e - 1].index];
     }
-    const char *sep = "{";
+    if (put(b, "{") < 0)
+        goto out;
+    bool first = true;
     for (i = 0; i < n; i++) {
         if (!value_at[i])
             continue;
-        if (put(b, sep) < 0 || put_string(b, children[i]->string) < 0 || put(b, ": ") < 0 ||
-            put_value(b, value_at[i]) < 0)
+        if (put_break(b, indent, depth, first, false) < 0 || put_string(b, children[i]->string) < 0 ||
+            put(b, ": ") < 0 || put_value(b, value_at[i], indent, depth + 1) < 0)
             goto out;
-        sep = ", ";
+        first = false;
     }
-    rc = put(b, "}");
+    rc = put_break(b, indent, depth, false, true) < 0 ? -1 : put(b, "}");
 out:
     free(slots);
     free(children);
@@ -333,7 +351,7 @@ out:
     return rc;
 }
 
-static int put_value(struct buf *b, const cJSON *item)
+static int put_value(struct buf *b, const cJSON *item, int indent, int depth)
 {
     switch (item->type & 0xff) {
     case cJSON_False:
@@ -349,14 +367,16 @@ static int put_value(struct buf *b, const cJSON *item)
     case cJSON_String:
         return put_string(b, item->valuestring);
     case cJSON_Array:
+        if (!item->child)
+            return put(b, "[]");
         if (put(b, "[") < 0)
             return -1;
         for (const cJSON *c = item->child; c; c = c->next)
-            if ((c != item->child && put(b, ", ") < 0) || put_value(b, c) < 0)
+            if (put_break(b, indent, depth, c == item->child, false) < 0 || put_value(b, c, indent, depth + 1) < 0)
                 return -1;
-        return put(b, "]");
+        return put_break(b, indent, depth, false, true) < 0 ? -1 : put(b, "]");
     case cJSON_Object:
-        return put_object(b, item);
+        return put_object(b, item, indent, depth);
     default:
         return sd_err("a cJSON node of type %d has no JSON form", item->type & 0xff);
     }
@@ -364,8 +384,13 @@ static int put_value(struct buf *b, const cJSON *item)
 
 char *pyjson_dumps(const cJSON *item)
 {
+    return pyjson_dumps_indent(item, 0);
+}
+
+char *pyjson_dumps_indent(const cJSON *item, int indent)
+{
     struct buf b = {0};
-    if (put_value(&b, item) < 0) {
+    if (put_value(&b, item, indent, 0) < 0) {
         free(b.s);
         return NULL;
     }

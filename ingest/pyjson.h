@@ -27,5 +27,8 @@ int pyjson_check_nul(const char *text, size_t len);
  * string, or NULL with sd_err: a number without its lexeme (pyjson_keep_number_lexemes), a string
  * or key that is not valid UTF-8 (overlong, a surrogate, past U+10FFFF), out of memory. */
 char *pyjson_dumps(const cJSON *item);
+/* The same with json.dumps's indent (> 0): each item on a line of its own, indented by `indent`
+ * spaces a level, "," at the ends of lines (Llama 3.1's `tojson(indent=4)`); 0 is pyjson_dumps. */
+char *pyjson_dumps_indent(const cJSON *item, int indent);
 
 #endif

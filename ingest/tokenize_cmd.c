@@ -189,6 +189,7 @@ struct worker {
     struct chat_tool_call *calls; /* the line's tool calls, the messages' in order */
     int calls_cap;
     struct chat_tools tools;
+    bool tools_given;           /* the line's tools list, for the template's test of it */
 };
 
 static const char *get_string(const cJSON *obj, const char *key)
@@ -210,8 +211,8 @@ static bool template_truthy(const cJSON *v)
     return v->child != NULL || cJSON_IsTrue(v); /* a list or object with items */
 }
 
-/* Keeps `json | tojson` of a node for the line's render, or returns NULL. */
-static const char *keep_json(struct worker *w, const cJSON *node)
+/* Keeps `json | tojson(indent)` of a node for the line's render, or returns NULL. */
+static const char *keep_json(struct worker *w, const cJSON *node, int indent)
 {
     if (w->njson == w->json_cap) {
         int cap = w->json_cap ? w->json_cap * 2 : 16;
@@ -223,7 +224,7 @@ static const char *keep_json(struct worker *w, const cJSON *node)
         w->json = t;
         w->json_cap = cap;
     }
-    char *text = pyjson_dumps(node);
+    char *text = pyjson_dumps_indent(node, indent);
     if (text)
         w->json[w->njson++] = text;
     return text;
@@ -237,17 +238,22 @@ static void forget_json(struct worker *w)
 }
 
 /* An assistant turn's tool_calls into w->calls[*ncalls..]: each call an object, or one whose
- * `function` object holds its name (a string) and arguments (any JSON). */
+ * `function` object holds its name (a string) and arguments (any JSON); Llama 3.1's template takes
+ * one call a turn, in that `function` form. */
 static int read_tool_calls(struct worker *w, const cJSON *list, int i, int *ncalls)
 {
+    bool llama = w->job->tpl.family == CHAT_LLAMA31;
     if (!cJSON_IsArray(list))
         return sd_err("messages[%d]: tool_calls: needs a list", i);
+    if (llama && cJSON_GetArraySize(list) != 1)
+        return sd_err("messages[%d]: tool_calls: the llama3.1 template takes one call a turn (it has %d)", i,
+                      cJSON_GetArraySize(list));
     const cJSON *item;
     int k = 0;
     cJSON_ArrayForEach(item, list)
     {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(item, "function");
-        if (fn && !(cJSON_IsObject(fn) && fn->child)) /* Qwen3 tests it for truth, Qwen2.5 for presence */
+        if ((fn || llama) && !(cJSON_IsObject(fn) && fn->child)) /* Qwen3 tests it for truth, Qwen2.5 for presence */
             return sd_err("messages[%d]: tool_calls[%d]: function: needs an object with name and arguments", i, k);
         const cJSON *call = fn ? fn : item;
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(call, "name");
@@ -262,7 +268,7 @@ static int read_tool_calls(struct worker *w, const cJSON *list, int i, int *ncal
             w->calls = t;
             w->calls_cap = cap;
         }
-        const char *json = keep_json(w, args);
+        const char *json = keep_json(w, args, 0);
         if (!json)
             return sd_err_prefix("messages[%d]: tool_calls[%d]: arguments", i, k);
         w->calls[(*ncalls)++] = (struct chat_tool_call){name->valuestring, cJSON_IsString(args) ? args->valuestring : NULL,
@@ -293,6 +299,7 @@ static int read_conversation(struct worker *w, enum format fmt, cJSON *obj, cons
     *n = 0;
     forget_json(w);
     w->tools = (struct chat_tools){NULL, 0};
+    w->tools_given = false;
     if (fmt == FMT_ALPACA) {
         const char *instruction = get_string(obj, "instruction"), *input = get_string(obj, "input");
         const char *output = get_string(obj, "output"), *system = get_string(obj, "system");
@@ -316,41 +323,62 @@ static int read_conversation(struct worker *w, enum format fmt, cJSON *obj, cons
         return sd_err("%s: needs a '%s' list", format_names[fmt], list_key);
     /* tool data the render would drop is refused (null or empty fields, as exports often carry,
      * render nothing in the templates and pass) */
-    bool has_tools = chat_template_has_tools(&w->job->tpl);
+    enum chat_family family = w->job->tpl.family;
+    bool has_tools = chat_template_has_tools(&w->job->tpl), llama = family == CHAT_LLAMA31;
     const char *no_tools = has_tools ? "tool data is read from the messages format (tools, tool_calls, role tool)"
-                                     : "the chat template does not render tools (supported with qwen3 and qwen2.5)";
+                                     : "the chat template does not render tools (supported with qwen3, qwen2.5 "
+                                       "and llama3.1)";
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(obj, "tools");
-    bool tool_data = template_truthy(tools);
+    /* Qwen's templates test `if tools`, Llama 3.1's `tools is not none`: an empty list counts */
+    w->tools_given = cJSON_IsArray(tools) && (llama || tools->child);
+    bool json_out = w->tools_given;
     const cJSON *m;
-    cJSON_ArrayForEach(m, list) tool_data |= template_truthy(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"));
-    if (tool_data && has_tools && !sharegpt && pyjson_keep_number_lexemes(obj, text, len) != 0)
+    cJSON_ArrayForEach(m, list)
+    {
+        const char *role = get_string(m, "role");
+        json_out |= template_truthy(cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) ||
+                    (llama && role && (!strcmp(role, "tool") || !strcmp(role, "ipython")));
+    }
+    if (json_out && has_tools && !sharegpt && pyjson_keep_number_lexemes(obj, text, len) != 0)
         return -1;
     if (template_truthy(tools)) {
         if (sharegpt || !has_tools)
             return sd_err("tools: %s", no_tools);
         if (!cJSON_IsArray(tools))
             return sd_err("tools: needs a list of tool definitions");
+    }
+    w->tools_given &= has_tools && !sharegpt;
+    if (w->tools_given) {
         const cJSON *tool;
         int k = 0;
         cJSON_ArrayForEach(tool, tools)
         {
-            if (!keep_json(w, tool))
+            if (!keep_json(w, tool, llama ? 4 : 0)) /* Llama 3.1: `tojson(indent=4)` */
                 return sd_err_prefix("tools[%d]", k);
             k++;
         }
-        w->tools = (struct chat_tools){(const char *const *)w->json, w->njson};
     }
+    int ntools = w->njson;
     int i = 0, ncalls = 0;
     cJSON_ArrayForEach(m, list)
     {
         const char *role = get_string(m, sharegpt ? "from" : "role");
         const char *content = get_string(m, sharegpt ? "value" : "content");
+        const cJSON *content_node = cJSON_GetObjectItemCaseSensitive(m, "content");
         const cJSON *calls = sharegpt ? NULL : cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
         bool with_calls = template_truthy(calls);
+        bool llama_result = llama && !sharegpt && role && (!strcmp(role, "tool") || !strcmp(role, "ipython"));
         /* an assistant turn of calls alone may carry a null or no content (OpenAI's exports) */
         if (role && !strcmp(role, "assistant") && with_calls && !content &&
-            (!cJSON_GetObjectItemCaseSensitive(m, "content") || cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(m, "content"))))
+            (!content_node || cJSON_IsNull(content_node)))
             content = "";
+        if (llama && with_calls && content && *content)
+            return sd_err("messages[%d]: the llama3.1 template drops an assistant's content beside its tool call: "
+                          "give the call a turn of its own", i);
+        /* Llama 3.1 writes a tool result (a string, list or object) as `content | tojson` */
+        if (llama_result && (cJSON_IsString(content_node) || cJSON_IsArray(content_node) || cJSON_IsObject(content_node)) &&
+            !(content = keep_json(w, content_node, 0)))
+            return sd_err_prefix("messages[%d]: content", i);
         if (!role || !content)
             return sd_err("%s[%d]: needs string fields %s", list_key, i, sharegpt ? "from and value" : "role and content");
         if (sharegpt) {
@@ -363,12 +391,14 @@ static int read_conversation(struct worker *w, enum format fmt, cJSON *obj, cons
             if (!mapped)
                 return sd_err("conversations[%d]: unknown role '%s' (accepted: human, gpt, system)", i, role);
             role = mapped;
-        } else if (!strcmp(role, "function") || !strcmp(role, "ipython") || (!strcmp(role, "tool") && !has_tools)) {
+        } else if (!strcmp(role, "function") || (!strcmp(role, "ipython") && !llama) ||
+                   (!strcmp(role, "tool") && !has_tools)) {
             return sd_err("messages[%d]: role '%s': %s", i, role,
                           has_tools ? "give tool results as role tool" : no_tools);
-        } else if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "tool")) {
+        } else if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "tool") &&
+                   !llama_result) {
             return sd_err("messages[%d]: unknown role '%s' (accepted: system, user, assistant%s)", i, role,
-                          has_tools ? ", tool" : "");
+                          llama ? ", tool, ipython" : has_tools ? ", tool" : "");
         }
         if (!sharegpt && template_truthy(cJSON_GetObjectItemCaseSensitive(m, "function_call")))
             return sd_err("messages[%d]: function_call: %s", i,
@@ -387,6 +417,7 @@ static int read_conversation(struct worker *w, enum format fmt, cJSON *obj, cons
     }
     for (int k = 0; k < *n; k++)
         w->msgs[k].tool_calls = w->msgs[k].ntool_calls ? w->calls + (intptr_t)w->msgs[k].tool_calls : NULL;
+    w->tools = (struct chat_tools){(const char *const *)w->json, ntools}; /* w->json has stopped growing */
     if (*n == 0)
         return sd_err("%s: the conversation is empty", list_key);
     return 0;
@@ -489,7 +520,7 @@ static int encode_line(struct worker *w, struct batch *b, const char *line, size
         rc = read_conversation(w, fmt, obj, line, (size_t)(end - line), &n);
         chat_render_reset(&w->render);
         if (rc == 0)
-            rc = chat_render(&j->tpl, w->msgs, n, &w->tools, &w->render);
+            rc = chat_render(&j->tpl, w->msgs, n, w->tools_given ? &w->tools : NULL, &w->render);
         *no_assistant = rc == 0 && !j->opt.train_all && w->render.nspans == 0;
         if (rc == 0 && !*no_assistant)
             rc = emit(w, b, w->render.text, w->render.len, j->opt.train_all, (const size_t(*)[2])w->render.spans,

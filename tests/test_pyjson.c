@@ -1,5 +1,5 @@
-/* ingest/pyjson.h against Python: a table of inputs with the json.dumps(json.loads(x),
- * ensure_ascii=False) Python gives; the repr of random and edge doubles against python3 itself;
+/* ingest/pyjson.h against Python: tables of inputs with the json.dumps(json.loads(x),
+ * ensure_ascii=False) Python gives, without and with indent=4; the repr of random and edge doubles against python3 itself;
  * invalid strings, numbers without their text and texts that do not match their tree refused. */
 #include "tests/testutil.h"
 
@@ -77,6 +77,34 @@ static void test_python_table(void **state)
         if (!s)
             fail_msg("row %zu: %s", i, sd_errmsg());
         assert_string_equal(s, python_table[i][1]);
+        free(s);
+    }
+}
+
+/* json.dumps(json.loads(x), ensure_ascii=False, indent=4), pasted from python3 (Llama 3.1's tools). */
+static const char *const indent_table[][2] = {
+    {"{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"a\": [1, 2.0, {}], \"b\": [], \"c\": {\"d\": null}}}}",
+     "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"f\",\n        \"parameters\": {\n            \"a\": [\n                1,\n                2.0,\n                {}\n            ],\n            \"b\": [],\n            \"c\": {\n                \"d\": null\n            }\n        }\n    }\n}"},
+    {"[]", "[]"},
+    {"{}", "{}"},
+    {"\"x\"", "\"x\""},
+    {"[[], [[]], {\"k\": [true, false]}]",
+     "[\n    [],\n    [\n        []\n    ],\n    {\n        \"k\": [\n            true,\n            false\n        ]\n    }\n]"},
+    {"{\"a\": 1, \"a\": {\"b\": 2}}", "{\n    \"a\": {\n        \"b\": 2\n    }\n}"},
+};
+
+static void test_indent(void **state)
+{
+    for (size_t i = 0; i < sizeof indent_table / sizeof *indent_table; i++) {
+        const char *text = indent_table[i][0];
+        cJSON *j = cJSON_ParseWithLength(text, strlen(text));
+        assert_non_null(j);
+        assert_int_equal(pyjson_keep_number_lexemes(j, text, strlen(text)), 0);
+        char *s = pyjson_dumps_indent(j, 4);
+        cJSON_Delete(j);
+        if (!s)
+            fail_msg("row %zu: %s", i, sd_errmsg());
+        assert_string_equal(s, indent_table[i][1]);
         free(s);
     }
 }
@@ -210,6 +238,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_python_table),
+        cmocka_unit_test(test_indent),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_mismatched_text),
         cmocka_unit_test(test_random_floats),

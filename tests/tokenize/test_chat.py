@@ -10,9 +10,10 @@ of the render and recorded (the patched render minus the markers must equal the 
 Masks follow transformers' rule: the tokens from charToToken(span start) to charToToken(span
 end - 1). 60 seeded conversations per template: multi-turn, with and without a system message,
 think blocks, reasoning_content, leading and trailing whitespace, non-ASCII text, special-token
-strings inside contents. The Qwen templates get 40 more with tools: tool definitions, assistant
-turns of tool calls (nested or flat, arguments as JSON or as a string, content empty, null or
-text) and tool turns, the JSON written by hand with number lexemes, escapes, spacing and duplicate
+strings inside contents. The Qwen and Llama 3.1 templates get 40 more with tools: tool
+definitions, assistant turns of tool calls (nested or flat, arguments as JSON or as a string,
+content empty, null or text; Llama 3.1: one nested call, no content) and tool turns (Llama 3.1:
+role tool or ipython, a string or JSON result), the JSON written by hand with number lexemes, escapes, spacing and duplicate
 keys that json.dumps would not write, so that the render's `tojson` is checked against Python's
 json.dumps(json.loads(...)). A null content is rendered as "" (Qwen3's template fails on it)."""
 import json
@@ -67,8 +68,12 @@ TEMPLATES = {
     "qwen2.5": QWEN25_PATCHES,
     "llama3": llama_patches("\n"),       # the first Llama 3 release: the assistant header always ends it
     "llama3_1": llama_patches("\n"),     # Llama 3 Instruct as the llama3_1 package ships it
-    "llama3_2": llama_patches("\\n"),    # the dated Llama 3.1/3.2 template
+    "llama3_2": llama_patches("\\n") + [  # the dated Llama 3.1/3.2 template, and its turn of a tool call
+        ("{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}",
+         f"{{{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n{START}' -}}}}", 1),
+        ('{{- "}" }}\n        {{- "<|eot_id|>" }}', f'{{{{- "}}" }}}}\n        {{{{- "<|eot_id|>{END}" }}}}', 1)],
 }
+TOOL_TEMPLATES = ("qwen3", "qwen2.5", "llama3_2")
 
 TEXTS = ["Hello!", "What is 2+2?", "  leading spaces", "trailing spaces   ", "\n\nnewlines around\n\n",
          "Ünïcödé ünd 中文 混合 текст", "code:\n```c\nint main(void) { return 0; }\n```", "x", "tab\there",
@@ -146,14 +151,17 @@ def raw_call(rng, name):
 
 def random_tool_line(rng, family):
     """A messages line with tool data, as JSON text."""
+    llama = family.startswith("llama")
     names = ["get_weather", "search", "convert_units"][:rng.randint(1, 3)]
     msgs = []
     if rng.random() < 0.5:
         msgs.append(json.dumps({"role": "system", "content": random_content(rng)}, ensure_ascii=False))
     for _ in range(rng.randint(1, 2)):
         msgs.append(json.dumps({"role": "user", "content": random_content(rng)}, ensure_ascii=False))
-        calls = [raw_call(rng, rng.choice(names)) for _ in range(rng.randint(1, 3))]
-        content = rng.choice(['""', "null", json.dumps(random_content(rng), ensure_ascii=False)])
+        calls = [raw_call(rng, rng.choice(names)) for _ in range(1 if llama else rng.randint(1, 3))]
+        if llama and not calls[0].startswith('{"id"'):  # Llama 3.1 reads tool_calls[0].function
+            calls[0] = f'{{"type": "function", "function": {calls[0]}}}'
+        content = rng.choice(['""', "null"] + ([] if llama else [json.dumps(random_content(rng), ensure_ascii=False)]))
         if family == "qwen3" and rng.random() < 0.3:
             content = json.dumps(f"<think>\n{random_content(rng)}\n</think>\n\n{random_content(rng)}", ensure_ascii=False)
         msg = f'{{"role": "assistant", "content": {content}, "tool_calls": [{", ".join(calls)}]}}'
@@ -161,19 +169,27 @@ def random_tool_line(rng, family):
             msg = f'{{"role": "assistant", "tool_calls": [{", ".join(calls)}]}}'
         msgs.append(msg)
         for _ in calls[:rng.randint(1, len(calls))]:
-            msgs.append(json.dumps({"role": "tool", "content": rng.choice([random_content(rng), '{"temp": 21.5}'])},
-                                   ensure_ascii=False))
+            role = rng.choice(["tool", "ipython"]) if llama else "tool"
+            result = json.dumps(rng.choice([random_content(rng), '{"temp": 21.5}']), ensure_ascii=False)
+            if llama and rng.random() < 0.3:  # a JSON result, written as `tojson`
+                result = raw_json(rng, 1) if rng.random() < 0.5 else "{" + f'"temp": {rng.choice(RAW_NUMBERS)}' + "}"
+                if not result.lstrip().startswith(("{", "[", '"')):
+                    result = "[" + result + "]"
+            msgs.append(f'{{"role": "{role}", "content": {result}}}')
         msgs.append(json.dumps({"role": "assistant", "content": random_content(rng)}, ensure_ascii=False))
     line = '{"messages": [' + ", ".join(msgs) + "]"
-    if rng.random() < 0.85:
+    r = rng.random()
+    if r < 0.8:
         line += ', "tools": [' + ", ".join(raw_tool(rng, n) for n in names) + "]"
+    elif r < 0.9:  # an empty list: none for Qwen's `if tools`, a tools block for Llama 3.1's `is not none`
+        line += ', "tools": []'
     return line + "}"
 
 
 def reference_messages(line):
     """What transformers renders for the line: json.loads, a null or missing content as \"\"."""
     obj = json.loads(line)
-    msgs = [dict(m, content=m.get("content") or "") for m in obj["messages"]]
+    msgs = [dict(m, content="" if m.get("content") is None else m["content"]) for m in obj["messages"]]
     return msgs, obj.get("tools")
 
 
@@ -230,7 +246,7 @@ def check_template(scratch, files, rng):
     plain = jinja_template(config["chat_template"])
     marked = jinja_template(patch(config["chat_template"], TEMPLATES[files]))
     lines, items = [], []
-    tools_too = files in ("qwen3", "qwen2.5")
+    tools_too = files in TOOL_TEMPLATES
     for k in range(CONVERSATIONS + (TOOL_CONVERSATIONS if tools_too else 0)):
         line = json.dumps({"messages": random_conversation(rng, files)}) if k < CONVERSATIONS \
             else random_tool_line(rng, files)

@@ -177,6 +177,15 @@ def check_bad_input(c, llama, qwen):
     refused(qwen, [{"messages": [ask, dict(calling, tool_calls=[{"function": {}}])]}],
             "tool_calls[0]: function: needs an object")
     refused(qwen, [{"tools": {"name": "f"}, "messages": CONVERSATIONS[0]}], "tools: needs a list")
+    # Llama 3.1's template takes one call a turn, in the `function` form, and drops content beside it
+    llama31 = tokutil.model_dir(c.path("l31"), "llama3_2")
+    refused(llama31, [{"messages": [ask, dict(calling, tool_calls=[call, call])]}], "takes one call a turn (it has 2)")
+    refused(llama31, [{"messages": [ask, dict(calling, tool_calls=[call["function"]])]}],
+            "tool_calls[0]: function: needs an object")
+    refused(llama31, [{"messages": [ask, dict(calling, content="Let me look.")]}], "drops an assistant's content")
+    refused(llama31, [{"tools": [], "messages": [{"role": "assistant", "content": "hi"}]}],
+            "must begin (after the system message) with a user turn")
+    refused(qwen, [{"messages": [ask, {"role": "ipython", "content": "sunny"}]}], "give tool results as role tool")
     # a call-only turn may have a null content, as OpenAI's exports write it: rendered as empty
     c.tokenize(qwen, [{"messages": [ask, calling]}])
     empty = c.shard()
