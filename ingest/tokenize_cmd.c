@@ -71,6 +71,8 @@ struct batch {
                                    assistant, left out (empty) since it has nothing to train on */
     int64_t error_line;         /* the first failing line (1-based), 0 when none */
     char error[512];
+    int64_t quoted_args;        /* tool calls whose string arguments the template quotes */
+    int64_t quoted_args_line;   /* the first line (1-based) holding one */
 };
 
 /* ---- model directory ---------------------------------------------------------------------- */
@@ -190,6 +192,7 @@ struct worker {
     int calls_cap;
     struct chat_tools tools;
     bool tools_given;           /* the line's tools list, for the template's test of it */
+    int quoted_args;            /* the line's calls with string arguments written as a JSON string */
 };
 
 static const char *get_string(const cJSON *obj, const char *key)
@@ -273,6 +276,8 @@ static int read_tool_calls(struct worker *w, const cJSON *list, int i, int *ncal
             return sd_err_prefix("messages[%d]: tool_calls[%d]: arguments", i, k);
         w->calls[(*ncalls)++] = (struct chat_tool_call){name->valuestring, cJSON_IsString(args) ? args->valuestring : NULL,
                                                         json};
+        /* OpenAI's exports give arguments as a JSON text in a string; only Qwen3 writes it as is */
+        w->quoted_args += cJSON_IsString(args) && w->job->tpl.family != CHAT_QWEN3;
         k++;
     }
     return 0;
@@ -491,6 +496,7 @@ static int encode_line(struct worker *w, struct batch *b, const char *line, size
 {
     struct job *j = w->job;
     const char *end;
+    w->quoted_args = 0;
     cJSON *obj = cJSON_ParseWithLengthOpts(line, len, &end, 0);
     if (!obj || !cJSON_IsObject(obj)) {
         cJSON_Delete(obj);
@@ -568,6 +574,9 @@ static void *worker_main(void *arg)
                 break;
             }
             b->doc_end[l - first] = (int64_t)b->n;
+            if (w->quoted_args && !b->quoted_args)
+                b->quoted_args_line = l + 1;
+            b->quoted_args += w->quoted_args;
         }
         if (b->error_line) {
             /* later batches are useless once one line fails: stop handing them out */
@@ -1118,6 +1127,17 @@ int tokenize_main(int argc, char **argv)
         if (j.opt.val)
             printf("; %s %lld tokens, %lld targets", j.opt.val_out, (long long)val.n, (long long)val.targets);
         printf("; %.0f tokens/s on %lld threads\n", seconds > 0 ? tokens / seconds : 0.0, j.opt.threads);
+        int64_t quoted = 0, quoted_line = 0;
+        for (int64_t b = 0; b < j.nbatches; b++) {
+            if (!quoted_line)
+                quoted_line = j.batches[b].quoted_args_line;
+            quoted += j.batches[b].quoted_args;
+        }
+        if (quoted)
+            fprintf(stderr, "slidedp-data tokenize: note: %lld tool call(s) (the first in %s:%lld) give their arguments "
+                            "as a string, which the %s template writes as a JSON string, quoted, as transformers "
+                            "does; give them as an object to train on them as JSON\n",
+                    (long long)quoted, j.opt.in, (long long)quoted_line, chat_family_names[j.tpl.family]);
         if (sum.cut_targets) {
             char lines[1024];
             cut_lines_str(&j, &sum, lines, sizeof lines);

@@ -186,6 +186,13 @@ def check_bad_input(c, llama, qwen):
     refused(llama31, [{"tools": [], "messages": [{"role": "assistant", "content": "hi"}]}],
             "must begin (after the system message) with a user turn")
     refused(qwen, [{"messages": [ask, {"role": "ipython", "content": "sunny"}]}], "give tool results as role tool")
+    # string arguments (OpenAI's form): Llama 3.1 and Qwen2.5 write them as a JSON string, and say so
+    as_text = dict(call, function=dict(call["function"], arguments='{"city": "Paris"}'))
+    p = c.tokenize(llama31, [{"messages": [ask, calling]}, {"messages": [ask, dict(calling, tool_calls=[as_text])]}])
+    c.check("note: 1 tool call(s) (the first in " in p.stderr and "in.jsonl:2) give their arguments as a string, "
+            "which the llama3.1 template writes as a JSON string" in p.stderr, f"string arguments noted: {p.stderr.strip()}")
+    p = c.tokenize(qwen, [{"messages": [ask, dict(calling, tool_calls=[as_text])]}])
+    c.check("note:" not in p.stderr, "Qwen3 writes string arguments as they are: no note")
     # a call-only turn may have a null content, as OpenAI's exports write it: rendered as empty
     c.tokenize(qwen, [{"messages": [ask, calling]}])
     empty = c.shard()
