@@ -1,7 +1,7 @@
 /* Hand-written renderers of the known chat templates (see chat_template.h). Each follows its
  * Jinja source statement by statement, the Qwen and Llama 3.1 ones with their tool definitions,
- * calls and tool turns (the first Llama 3 templates have none); Jinja's `trim` and Python's str.strip family are reproduced
- * with Python's notion of whitespace. */
+ * calls and tool turns (the first Llama 3 templates have none); Jinja's `trim` and Python's
+ * str.strip family are reproduced with Python's notion of whitespace. */
 #include "chat_template.h"
 
 #include <stdbool.h>
@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "ingest/tokenizer.h"
 
 const char *const chat_family_names[CHAT_FAMILIES] = {"qwen2.5", "qwen3", "llama3", "llama3.1"};
 
@@ -103,16 +104,8 @@ int chat_template_special_tokens(const struct chat_template *t, const char *cons
 
 static int put_n(struct chat_render *r, const char *s, size_t n)
 {
-    if (r->len + n + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap : 1024;
-        while (cap < r->len + n + 1)
-            cap *= 2;
-        char *t = realloc(r->text, cap);
-        if (!t)
-            return sd_err("out of memory rendering a conversation");
-        r->text = t;
-        r->cap = cap;
-    }
+    if (tok_grow_arrays(&r->cap, r->len + n + 1, 1, (void **const[]){(void **)&r->text}, (const size_t[]){1}) != 0)
+        return -1;
     memcpy(r->text + r->len, s, n);
     r->len += n;
     r->text[r->len] = 0;
@@ -248,7 +241,7 @@ static int check_roles(const struct chat_template *t, const struct chat_message 
         bool tool_role = with_tools && (!strcmp(role, "tool") || (t->family == CHAT_LLAMA31 && !strcmp(role, "ipython")));
         if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool_role)
             return sd_err("message %d: role '%s' is not supported (accepted: system, user, assistant%s)", i, role,
-                          with_tools ? ", tool" : "");
+                          t->family == CHAT_LLAMA31 ? ", tool, ipython" : with_tools ? ", tool" : "");
         if (msgs[i].ntool_calls > 0 && (!with_tools || strcmp(role, "assistant")))
             return sd_err("message %d: tool_calls %s", i,
                           with_tools ? "belong to assistant turns"

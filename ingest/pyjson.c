@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "ingest/tokenizer.h"
 
 /* ---- number lexemes ----------------------------------------------------------------------- */
 
@@ -111,16 +112,8 @@ struct buf {
 
 static int put_n(struct buf *b, const char *s, size_t n)
 {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *t = realloc(b->s, cap);
-        if (!t)
-            return sd_err("out of memory writing JSON");
-        b->s = t;
-        b->cap = cap;
-    }
+    if (tok_grow_arrays(&b->cap, b->len + n + 1, 1, (void **const[]){(void **)&b->s}, (const size_t[]){1}) != 0)
+        return -1;
     memcpy(b->s + b->len, s, n);
     b->len += n;
     b->s[b->len] = 0;

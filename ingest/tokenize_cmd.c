@@ -187,9 +187,10 @@ struct worker {
     size_t cuts_cap;
     char *joined;               /* alpaca's instruction and input */
     char **json;                /* the line's tojson texts: its tools first, then its calls' arguments */
-    int njson, json_cap;
+    int njson;
+    size_t json_cap;
     struct chat_tool_call *calls; /* the line's tool calls, the messages' in order */
-    int calls_cap;
+    size_t calls_cap;
     struct chat_tools tools;
     bool tools_given;           /* the line's tools list, for the template's test of it */
     int quoted_args;            /* the line's calls with string arguments written as a JSON string */
@@ -217,16 +218,9 @@ static bool template_truthy(const cJSON *v)
 /* Keeps `json | tojson(indent)` of a node for the line's render, or returns NULL. */
 static const char *keep_json(struct worker *w, const cJSON *node, int indent)
 {
-    if (w->njson == w->json_cap) {
-        int cap = w->json_cap ? w->json_cap * 2 : 16;
-        void *t = realloc(w->json, (size_t)cap * sizeof *w->json);
-        if (!t) {
-            sd_err("out of memory");
-            return NULL;
-        }
-        w->json = t;
-        w->json_cap = cap;
-    }
+    if (tok_grow_arrays(&w->json_cap, (size_t)w->njson + 1, 1, (void **const[]){(void **)&w->json},
+                        (const size_t[]){sizeof *w->json}) != 0)
+        return NULL;
     char *text = pyjson_dumps_indent(node, indent);
     if (text)
         w->json[w->njson++] = text;
@@ -263,14 +257,9 @@ static int read_tool_calls(struct worker *w, const cJSON *list, int i, int *ncal
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(call, "arguments");
         if (!cJSON_IsObject(call) || !cJSON_IsString(name) || !args)
             return sd_err("messages[%d]: tool_calls[%d]: needs a string name and arguments", i, k);
-        if (*ncalls == w->calls_cap) {
-            int cap = w->calls_cap ? w->calls_cap * 2 : 16;
-            void *t = realloc(w->calls, (size_t)cap * sizeof *w->calls);
-            if (!t)
-                return sd_err("out of memory");
-            w->calls = t;
-            w->calls_cap = cap;
-        }
+        if (tok_grow_arrays(&w->calls_cap, (size_t)*ncalls + 1, 1, (void **const[]){(void **)&w->calls},
+                            (const size_t[]){sizeof *w->calls}) != 0)
+            return -1;
         const char *json = keep_json(w, args, 0);
         if (!json)
             return sd_err_prefix("messages[%d]: tool_calls[%d]: arguments", i, k);
@@ -415,13 +404,12 @@ static int read_conversation(struct worker *w, enum format fmt, cJSON *obj, cons
             return -1;
         if (add_message(w, n, role, content, sharegpt ? NULL : get_string(m, "reasoning_content")) != 0)
             return -1;
-        /* an index until the calls stop growing; made pointers below */
-        w->msgs[*n - 1].tool_calls = (const struct chat_tool_call *)(intptr_t)first_call;
         w->msgs[*n - 1].ntool_calls = ncalls - first_call;
         i++;
     }
-    for (int k = 0; k < *n; k++)
-        w->msgs[k].tool_calls = w->msgs[k].ntool_calls ? w->calls + (intptr_t)w->msgs[k].tool_calls : NULL;
+    /* the messages' calls lie in order in w->calls, which has stopped growing */
+    for (int k = 0, first_call = 0; k < *n; first_call += w->msgs[k++].ntool_calls)
+        w->msgs[k].tool_calls = w->msgs[k].ntool_calls ? w->calls + first_call : NULL;
     w->tools = (struct chat_tools){(const char *const *)w->json, ntools}; /* w->json has stopped growing */
     if (*n == 0)
         return sd_err("%s: the conversation is empty", list_key);
