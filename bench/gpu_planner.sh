@@ -42,8 +42,9 @@ if [ -n "${ISSUE31:-}" ]; then
     # issue 31's rows instead (docs/performance.md §10): auto plans, deterministic (the default) and
     # not; the 131K steps take 20-35 s each, so they run 3 steps (the median is the third)
     # ISSUE31_ROWS="64k_8x2 32k ..." runs only those; PEERS=1 adds the FSDP2 peer beside 64k 8 x 2
-    # (GPU-resident) and 32K (with activation checkpointing), from .gpudeps/torch_peer.py;
-    # PEER_64K=2x8 gives the 64k peer 2 sequences x 8 micro-steps (8 x 4096 x 2 does not fit an H100)
+    # (GPU-resident) and 32K (with activation checkpointing), from .gpudeps/torch_peer.py; the 64k
+    # peer takes 2 sequences x 8 micro-steps (8 x 4096 x 2 fits neither an H100 nor, per README's
+    # table, an H200), or PEER_64K=BxA
     row() { [ -z "${ISSUE31_ROWS:-}" ] || [[ " $ISSUE31_ROWS " == *" $1 "* ]]; }
     peer() { # name, torch_peer.py arguments
         local name=$1 limit=$((deadline - SECONDS)) script=${GPUDEPS:-.gpudeps}/torch_peer.py
@@ -59,7 +60,7 @@ if [ -n "${ISSUE31:-}" ]; then
         d=runtime.deterministic=$det
         row 64k_8x2 && run "64k_8x2_$det" train.micro_batch=8 train.grad_accum=2 train.steps=5 $d
         [ -n "${PEERS:-}" ] && row 64k_8x2 && [ $det = true ] &&
-            peer "fsdp2_gpu_64k_${PEER_64K:-8x2}" 1.7b gpu 4096 $(echo "${PEER_64K:-8x2}" | tr x ' ') 4
+            peer "fsdp2_gpu_64k_${PEER_64K:-2x8}" 1.7b gpu 4096 $(echo "${PEER_64K:-2x8}" | tr x ' ') 4
         row 32k && run "32k_$det" train.micro_batch=1 data.seq_len=32768 train.steps=5 $d
         [ -n "${PEERS:-}" ] && row 32k && [ $det = true ] && peer fsdp2_gpu_ckpt_32k 1.7b gpu 32768 1 1 4 --ckpt
         row 8k && run "8k_$det" $d
