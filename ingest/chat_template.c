@@ -104,12 +104,7 @@ int chat_template_special_tokens(const struct chat_template *t, const char *cons
 
 static int put_n(struct chat_render *r, const char *s, size_t n)
 {
-    if (tok_grow_arrays(&r->cap, r->len + n + 1, 1, (void **const[]){(void **)&r->text}, (const size_t[]){1}) != 0)
-        return -1;
-    memcpy(r->text + r->len, s, n);
-    r->len += n;
-    r->text[r->len] = 0;
-    return 0;
+    return tok_append(&r->text, &r->len, &r->cap, s, n);
 }
 
 static int put(struct chat_render *r, const char *s)

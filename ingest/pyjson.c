@@ -112,12 +112,7 @@ struct buf {
 
 static int put_n(struct buf *b, const char *s, size_t n)
 {
-    if (tok_grow_arrays(&b->cap, b->len + n + 1, 1, (void **const[]){(void **)&b->s}, (const size_t[]){1}) != 0)
-        return -1;
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return 0;
+    return tok_append(&b->s, &b->len, &b->cap, s, n);
 }
 
 static int put(struct buf *b, const char *s)

@@ -662,6 +662,16 @@ int tok_grow_arrays(size_t *cap, size_t need, int n, void **const arrays[], cons
     return 0;
 }
 
+int tok_append(char **text, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (tok_grow_arrays(cap, *len + n + 1, 1, (void **const[]){(void **)text}, (const size_t[]){1}) != 0)
+        return -1;
+    memcpy(*text + *len, s, n);
+    *len += n;
+    (*text)[*len] = 0;
+    return 0;
+}
+
 static int ids_reserve(struct tok_ids *v, size_t more)
 {
     return tok_grow_arrays(&v->cap, v->n + more, 2, (void **const[]){(void **)&v->ids, (void **)&v->ends},

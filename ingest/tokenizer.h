@@ -45,5 +45,8 @@ void tok_ids_free(struct tok_ids *v);
 /* Grows n parallel arrays (*arrays[i] of elements of size[i] bytes), which share the capacity
  * *cap, to hold at least need elements (doubling). */
 int tok_grow_arrays(size_t *cap, size_t need, int n, void **const arrays[], const size_t size[]);
+/* Appends s[0..n) to the string *text of *len bytes (capacity *cap), growing it; keeps it
+ * NUL-terminated. */
+int tok_append(char **text, size_t *len, size_t *cap, const char *s, size_t n);
 
 #endif
