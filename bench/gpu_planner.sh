@@ -56,11 +56,12 @@ if [ -n "${ISSUE31:-}" ]; then
         local t=$(peer_step "$out/peer_$name.log")
         log "peer $name ($*): median step ${t:-nan} s"
     }
+    peer64=${PEER_64K:-2x8}
     for det in ${ISSUE31_MODES:-true false}; do
         d=runtime.deterministic=$det
         row 64k_8x2 && run "64k_8x2_$det" train.micro_batch=8 train.grad_accum=2 train.steps=5 $d
         [ -n "${PEERS:-}" ] && row 64k_8x2 && [ $det = true ] &&
-            peer "fsdp2_gpu_64k_${PEER_64K:-2x8}" 1.7b gpu 4096 $(echo "${PEER_64K:-2x8}" | tr x ' ') 4
+            peer "fsdp2_gpu_64k_$peer64" 1.7b gpu 4096 ${peer64/x/ } 4
         row 32k && run "32k_$det" train.micro_batch=1 data.seq_len=32768 train.steps=5 $d
         [ -n "${PEERS:-}" ] && row 32k && [ $det = true ] && peer fsdp2_gpu_ckpt_32k 1.7b gpu 32768 1 1 4 --ckpt
         row 8k && run "8k_$det" $d

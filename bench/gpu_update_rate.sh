@@ -11,10 +11,12 @@ for mem in shm shm-locked anon; do
     timeout 90 "$build/bench/bench_optim" "${N_M:-128}" "${THREADS:-15}" $mem 2>&1 | grep -v '^RESULT' |
         tee -a "$out/summary.log"
 done
-rm -f "${SLIDEDP_CACHE_DIR:-$HOME/.cache/slidedp}"/calib-*.json # a fresh calibration, on this machine as it is now
-timeout 120 "$build/slidedp-plan" bench/qwen3-1.7b.ini data.train=/dev/null > "$out/plan.log" 2>&1
+# a fresh calibration of this machine as it is now, in a scratch cache (the host's own stays as it is)
+cache=/tmp/update_rate_calib
+rm -rf "$cache" && mkdir -p "$cache"
+SLIDEDP_CACHE_DIR=$cache timeout 120 "$build/slidedp-plan" bench/qwen3-1.7b.ini data.train=/dev/null > "$out/plan.log" 2>&1
 grep -A3 '^calibration, host' "$out/plan.log" | tee -a "$out/summary.log"
-cat "${SLIDEDP_CACHE_DIR:-$HOME/.cache/slidedp}"/calib-*.json 2>/dev/null |
+cat "$cache"/calib-*.json 2>/dev/null |
     grep -E '"(memcpy_bw|adamw_fp32_rate|adamw_bf16_rate)"' | tee -a "$out/summary.log"
 {
     echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled) shmem: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled)"
